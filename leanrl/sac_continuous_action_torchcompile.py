@@ -1,0 +1,402 @@
+# Soft Actor-Critic for continuous actions, written for speed: the same agent and flags as
+# sac_continuous_action.py, plus --compile and --cudagraphs. `diff` the two files to see the speed tricks.
+import json
+import os
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tqdm
+import tyro
+from tensordict import TensorDict, from_modules
+from tensordict.nn import CudaGraphModule
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    env_id: str = "HalfCheetah-v5"
+    """the id of the environment (a gymnasium id with a continuous action space)"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiment"""
+    measure_burnin: int = 3
+    """training iterations after learning starts that are left out of the sps measure (compile, warm-up)"""
+    results_path: str | None = None
+    """if set, append one JSON line with this run's results to this file"""
+    buffer_size: int = int(1e6)
+    """the replay memory buffer size"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 0.005
+    """target smoothing coefficient"""
+    batch_size: int = 256
+    """the batch size of sample from the replay memory"""
+    learning_starts: int = 5000
+    """timestep to start learning"""
+    policy_lr: float = 3e-4
+    """the learning rate of the policy network optimizer"""
+    q_lr: float = 1e-3
+    """the learning rate of the Q network optimizer"""
+    policy_frequency: int = 2
+    """the frequency of training policy (delayed); it is updated this many times to compensate"""
+    target_network_frequency: int = 1
+    """the frequency of updates for the target networks"""
+    alpha: float = 0.2
+    """entropy regularization coefficient (the initial value when autotune is on)"""
+    autotune: bool = True
+    """automatic tuning of the entropy coefficient"""
+    compile: bool = False
+    """if toggled, the updates and action selection are compiled with torch.compile"""
+    cudagraphs: bool = False
+    """if toggled, the updates and action selection are captured in CUDA graphs (CUDA only)"""
+
+
+LOG_EVERY = 100  # steps between progress-bar updates, logging and the non-finite loss check
+
+
+def exit_with_error(message):
+    """A user's mistake: one line on stderr, exit status 2, no traceback."""
+    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    for name in ("total_timesteps", "buffer_size", "batch_size", "policy_frequency", "target_network_frequency"):
+        if getattr(args, name) <= 0:
+            exit_with_error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.learning_starts < 0 or args.measure_burnin < 0:
+        exit_with_error("--learning-starts and --measure-burnin must not be negative")
+    if args.batch_size > args.buffer_size:
+        exit_with_error(f"--batch-size ({args.batch_size}) is larger than --buffer-size ({args.buffer_size})")
+
+
+def make_env(env_id, seed):
+    try:
+        env = gym.make(env_id)
+    except gym.error.Error as error:
+        exit_with_error(f"cannot make env {env_id!r}: {error}")
+    if not isinstance(env.action_space, gym.spaces.Box):
+        exit_with_error(f"SAC needs a continuous (Box) action space, {env_id} has {env.action_space}")
+    env.action_space.seed(seed)
+    return env
+
+
+class SoftQNetwork(nn.Module):
+    def __init__(self, obs_dim, action_dim):
+        super().__init__()
+        self.fc1 = nn.Linear(obs_dim + action_dim, 256)
+        self.fc2 = nn.Linear(256, 256)
+        self.fc3 = nn.Linear(256, 1)
+
+    def forward(self, x, a):
+        x = torch.cat([x, a], 1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+LOG_STD_MAX = 2
+LOG_STD_MIN = -5
+
+
+class Actor(nn.Module):
+    def __init__(self, obs_dim, action_dim, action_low, action_high):
+        super().__init__()
+        self.fc1 = nn.Linear(obs_dim, 256)
+        self.fc2 = nn.Linear(256, 256)
+        self.fc_mean = nn.Linear(256, action_dim)
+        self.fc_logstd = nn.Linear(256, action_dim)
+        action_low = torch.as_tensor(action_low, dtype=torch.float32)
+        action_high = torch.as_tensor(action_high, dtype=torch.float32)
+        self.register_buffer("action_scale", (action_high - action_low) / 2.0)
+        self.register_buffer("action_bias", (action_high + action_low) / 2.0)
+
+    def forward(self, x):
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        mean = self.fc_mean(x)
+        log_std = torch.tanh(self.fc_logstd(x))
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)  # from SpinUp / Denis Yarats
+        return mean, log_std
+
+    def get_action(self, x):
+        mean, log_std = self(x)
+        std = log_std.exp()
+        normal = torch.distributions.Normal(mean, std)
+        x_t = normal.rsample()  # reparameterization trick (mean + std * N(0,1))
+        y_t = torch.tanh(x_t)
+        action = y_t * self.action_scale + self.action_bias
+        log_prob = normal.log_prob(x_t)
+        # Enforcing action bounds: correct the density for the tanh squashing.
+        log_prob -= torch.log(self.action_scale * (1 - y_t.pow(2)) + 1e-6)
+        log_prob = log_prob.sum(1, keepdim=True)
+        mean = torch.tanh(mean) * self.action_scale + self.action_bias
+        return action, log_prob, mean
+
+
+class ReplayBuffer:
+    """Transitions in a TensorDict preallocated on the training device, overwritten oldest first.
+
+    Batches are sampled where they are used: no host-to-device copy per update.
+    """
+
+    def __init__(self, size, obs_dim, action_dim, device):
+        self.storage = TensorDict(
+            observations=torch.zeros(size, obs_dim),
+            next_observations=torch.zeros(size, obs_dim),
+            actions=torch.zeros(size, action_dim),
+            rewards=torch.zeros(size),
+            terminations=torch.zeros(size),
+            batch_size=[size],
+            device=device,
+        )
+        self.size, self.pos, self.full = size, 0, False
+
+    def add(self, transition):
+        self.storage[self.pos] = transition
+        self.pos = (self.pos + 1) % self.size
+        self.full = self.full or self.pos == 0
+
+    def sample(self, batch_size):
+        idx = torch.randint(0, self.size if self.full else self.pos, (batch_size,), device=self.storage.device)
+        return self.storage[idx]
+
+
+def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
+    """The networks, optimizers and update functions of SAC; the training loop only calls the functions."""
+    actor = Actor(obs_dim, action_dim, action_low, action_high).to(device)
+    # Both Q networks as one ensemble: stacked parameters, evaluated by one vmapped call instead of two.
+    qnet_params = from_modules(
+        SoftQNetwork(obs_dim, action_dim).to(device), SoftQNetwork(obs_dim, action_dim).to(device), as_module=True
+    )
+    target_qnet_params = qnet_params.data.clone()
+    qnet = SoftQNetwork(obs_dim, action_dim).to("meta")  # a shell without storage, filled with either parameter set
+    # capturable: a CUDA graph replays the step counter on the device instead of reading it on the host.
+    capturable = args.cudagraphs and not args.compile
+    q_optimizer = torch.optim.Adam(qnet_params.values(True, True), lr=args.q_lr, capturable=capturable)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, capturable=capturable)
+
+    # Automatic entropy tuning: alpha is learned so that the policy's entropy stays near -|A|.
+    target_entropy = -float(action_dim)
+    log_alpha = torch.tensor(np.log(args.alpha), dtype=torch.float32, device=device, requires_grad=True)
+    alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr, capturable=capturable)
+    # alpha stays a tensor on the device: no host sync to read it, no recompile when it changes.
+    alpha = log_alpha.detach().exp()
+
+    def q_values(params, obs, actions):
+        def q_value(params):
+            # preserve_module_state=False: plain tensors (the targets) must not be turned into trainable parameters.
+            with params.to_module(qnet, preserve_module_state=False):
+                return qnet(obs, actions)
+
+        return torch.vmap(q_value)(params)
+
+    def update_critic(data):
+        with torch.no_grad():
+            next_state_actions, next_state_log_pi, _ = actor.get_action(data["next_observations"])
+            qf_next_target = q_values(target_qnet_params, data["next_observations"], next_state_actions)
+            min_qf_next_target = qf_next_target.min(0).values - alpha * next_state_log_pi
+            next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
+
+        qf_a_values = q_values(qnet_params, data["observations"], data["actions"]).view(2, -1)
+        # The sum over the ensemble of each network's MSE, as qf1_loss + qf2_loss.
+        qf_loss = (qf_a_values - next_q_value).pow(2).mean(1).sum()
+
+        q_optimizer.zero_grad()
+        qf_loss.backward()
+        q_optimizer.step()
+        return TensorDict(qf_loss=qf_loss.detach(), qf1_values=qf_a_values[0].detach().mean())
+
+    def update_actor(data):
+        pi, log_pi, _ = actor.get_action(data["observations"])
+        # Detached Q parameters: the actor's gradient flows through the actions only, no wasted Q gradients.
+        min_qf_pi = q_values(qnet_params.data, data["observations"], pi).min(0).values
+        actor_loss = ((alpha * log_pi) - min_qf_pi).mean()
+
+        actor_optimizer.zero_grad()
+        actor_loss.backward()
+        actor_optimizer.step()
+        losses = TensorDict(actor_loss=actor_loss.detach())
+
+        if args.autotune:
+            # log_pi of the batch just used for the actor, detached: alpha follows the policy's entropy.
+            alpha_loss = (-log_alpha.exp() * (log_pi.detach() + target_entropy)).mean()
+            alpha_optimizer.zero_grad()
+            alpha_loss.backward()
+            alpha_optimizer.step()
+            alpha.copy_(log_alpha.detach().exp())
+            losses["alpha_loss"] = alpha_loss.detach()
+        return losses
+
+    def update_targets():
+        # One in-place lerp over all stacked parameters instead of a Python loop over tensors.
+        target_qnet_params.lerp_(qnet_params.data, args.tau)
+
+    def policy(obs):
+        with torch.no_grad():
+            return actor.get_action(obs)[0]
+
+    if args.compile:
+        # Compiled updates: fused kernels and a compiled backward instead of one Python dispatch per op.
+        update_critic = torch.compile(update_critic)
+        update_actor = torch.compile(update_actor)
+        policy = torch.compile(policy)
+    if args.cudagraphs:
+        # A CUDA graph replays all kernels of a call with one launch: no per-kernel CPU overhead.
+        update_critic = CudaGraphModule(update_critic, in_keys=[], out_keys=[], warmup=5)
+        update_actor = CudaGraphModule(update_actor, in_keys=[], out_keys=[], warmup=5)
+        policy = CudaGraphModule(policy, warmup=5)
+
+    return SimpleNamespace(
+        actor=actor,
+        qnet_params=qnet_params,
+        target_qnet_params=target_qnet_params,
+        log_alpha=log_alpha,
+        alpha=alpha,
+        update_critic=update_critic,
+        update_actor=update_actor,
+        update_targets=update_targets,
+        policy=policy,
+    )
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    check_args(args)
+    run_start = time.perf_counter()
+    script = os.path.basename(__file__)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.cudagraphs and device.type != "cuda":
+        print(f"{script}: --cudagraphs needs a CUDA device; cudagraphs are off for this run", file=sys.stderr)
+        args.cudagraphs = False
+
+    env = make_env(args.env_id, args.seed)
+    obs_dim, action_dim = env.observation_space.shape[0], env.action_space.shape[0]
+    sac = build_sac(obs_dim, action_dim, env.action_space.low, env.action_space.high, args, device)
+    replay_buffer = ReplayBuffer(args.buffer_size, obs_dim, action_dim, device)
+
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.exp_name)
+
+    obs, _ = env.reset(seed=args.seed)
+    episode_return, episode_returns = 0.0, []
+    recent_returns = deque(maxlen=20)
+    measure_start_step = args.learning_starts + args.measure_burnin
+    train_start = measure_start = None
+    sps = compile_seconds = None
+    pbar = tqdm.tqdm(range(args.total_timesteps), desc=script, mininterval=1.0)
+    for global_step in pbar:
+        if global_step == args.learning_starts:
+            train_start = time.perf_counter()
+        if global_step == measure_start_step:
+            measure_start = time.perf_counter()
+            compile_seconds = measure_start - train_start
+
+        if global_step < args.learning_starts:
+            actions = env.action_space.sample()
+        else:
+            obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
+            actions = sac.policy(obs_tensor)[0].cpu().numpy()
+
+        next_obs, reward, terminated, truncated, _ = env.step(actions)
+        # A time-limit truncation still bootstraps from next_obs; only a termination cuts the return.
+        transition = TensorDict(
+            observations=obs, next_observations=next_obs, actions=actions, rewards=reward, terminations=terminated
+        )
+        replay_buffer.add(transition)
+        episode_return += float(reward)
+        if terminated or truncated:
+            episode_returns.append(episode_return)
+            recent_returns.append(episode_return)
+            if args.track:
+                wandb.log({"charts/episodic_return": episode_return}, step=global_step)
+            episode_return = 0.0
+            next_obs, _ = env.reset()
+        obs = next_obs
+
+        if global_step >= args.learning_starts:
+            data = replay_buffer.sample(args.batch_size)
+            losses = sac.update_critic(data)
+            if global_step % args.policy_frequency == 0:
+                for _ in range(args.policy_frequency):  # compensate for the delay by doing several updates
+                    losses.update(sac.update_actor(data))
+            if global_step % args.target_network_frequency == 0:
+                sac.update_targets()
+
+            if global_step % LOG_EVERY == 0:
+                logs = {name: value.item() for name, value in losses.items()}
+                for name, value in logs.items():
+                    if not np.isfinite(value):
+                        pbar.close()
+                        sys.exit(f"{script}: error: {name} is {value} at step {global_step}; stopping the run")
+                if measure_start is not None and global_step > measure_start_step:
+                    sps = (global_step - measure_start_step) / (time.perf_counter() - measure_start)
+                mean_return = np.mean(recent_returns) if recent_returns else float("nan")
+                pbar.set_postfix(sps=f"{sps or 0:.0f}", ret=f"{mean_return:.1f}", refresh=False)
+                if args.track:
+                    wandb.log(
+                        {**{f"losses/{k}": v for k, v in logs.items()}, "alpha": sac.alpha.item()}, step=global_step
+                    )
+    pbar.close()
+    env.close()
+
+    end = time.perf_counter()
+    if measure_start is not None and args.total_timesteps > measure_start_step:
+        sps = (args.total_timesteps - measure_start_step) / (end - measure_start)
+    final_return = float(np.mean(episode_returns[-20:])) if episode_returns else None
+    results = {
+        "script": script,
+        "algo": "sac",
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "compile": args.compile,
+        "cudagraphs": args.cudagraphs,
+        "device": str(device),
+        "torch_version": torch.__version__,
+        "total_timesteps": args.total_timesteps,
+        "sps": sps,
+        "compile_seconds": compile_seconds,
+        "wall_seconds": end - run_start,
+        "final_return": final_return,
+    }
+    if args.results_path:
+        with open(args.results_path, "a") as f:
+            f.write(json.dumps(results) + "\n")
+    if args.track:
+        wandb.log({"charts/sps": sps}, step=args.total_timesteps)
+        wandb.finish()
+    sps_text = (
+        f"{sps:.0f} sps (steady state)"
+        if sps
+        else "sps not measured (run ended before learning_starts + measure_burnin)"
+    )
+    return_text = f"{final_return:.1f}" if final_return is not None else "n/a (no finished episode)"
+    print(f"{script}: {args.total_timesteps} steps on {args.env_id}, {sps_text}, final return {return_text}")
