@@ -193,14 +193,14 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
     target_entropy = -float(action_dim)
     log_alpha = torch.tensor(np.log(args.alpha), dtype=torch.float32, device=device, requires_grad=True)
     alpha_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr)
-    sac = SimpleNamespace(actor=actor, qf1=qf1, qf2=qf2, log_alpha=log_alpha, alpha=args.alpha)
+    alpha = args.alpha
 
     def update_critic(data):
         with torch.no_grad():
             next_state_actions, next_state_log_pi, _ = actor.get_action(data["next_observations"])
             qf1_next_target = qf1_target(data["next_observations"], next_state_actions)
             qf2_next_target = qf2_target(data["next_observations"], next_state_actions)
-            min_qf_next_target = torch.min(qf1_next_target, qf2_next_target) - sac.alpha * next_state_log_pi
+            min_qf_next_target = torch.min(qf1_next_target, qf2_next_target) - alpha * next_state_log_pi
             next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
 
         qf1_a_values = qf1(data["observations"], data["actions"]).view(-1)
@@ -213,9 +213,10 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
         return {"qf_loss": qf_loss.detach(), "qf1_values": qf1_a_values.detach().mean()}
 
     def update_actor(data):
+        nonlocal alpha
         pi, log_pi, _ = actor.get_action(data["observations"])
         min_qf_pi = torch.min(qf1(data["observations"], pi), qf2(data["observations"], pi))
-        actor_loss = ((sac.alpha * log_pi) - min_qf_pi).mean()
+        actor_loss = ((alpha * log_pi) - min_qf_pi).mean()
 
         actor_optimizer.zero_grad()
         actor_loss.backward()
@@ -228,7 +229,7 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
             alpha_optimizer.zero_grad()
             alpha_loss.backward()
             alpha_optimizer.step()
-            sac.alpha = log_alpha.exp().item()
+            alpha = log_alpha.exp().item()
             losses["alpha_loss"] = alpha_loss.detach()
         return losses
 
@@ -241,15 +242,16 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
         with torch.no_grad():
             return actor.get_action(obs)[0]
 
-    sac.update_critic, sac.update_actor, sac.update_targets, sac.policy = (
-        update_critic,
-        update_actor,
-        update_targets,
-        policy,
+    return SimpleNamespace(
+        actor=actor,
+        qf1=qf1,
+        qf2=qf2,
+        log_alpha=log_alpha,
+        update_critic=update_critic,
+        update_actor=update_actor,
+        update_targets=update_targets,
+        policy=policy,
     )
-    if args.autotune:
-        sac.alpha = log_alpha.exp().item()
-    return sac
 
 
 if __name__ == "__main__":
@@ -327,7 +329,10 @@ if __name__ == "__main__":
                 mean_return = np.mean(recent_returns) if recent_returns else float("nan")
                 pbar.set_postfix(sps=f"{sps or 0:.0f}", ret=f"{mean_return:.1f}", refresh=False)
                 if args.track:
-                    wandb.log({**{f"losses/{k}": v for k, v in logs.items()}, "alpha": sac.alpha}, step=global_step)
+                    wandb.log(
+                        {**{f"losses/{k}": v for k, v in logs.items()}, "alpha": sac.log_alpha.exp().item()},
+                        step=global_step,
+                    )
     pbar.close()
     env.close()
 

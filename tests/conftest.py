@@ -1,0 +1,269 @@
+"""Helpers shared by the tests of every script pair (SAC and TD3 now, PPO later).
+
+Scripts are addressed by name, with or without ".py": "sac_continuous_action" is leanrl/sac_continuous_action.py.
+Three ways to exercise a script, all through its stable interface:
+- load_script(name): import it as a module (module level holds definitions only) to call Args, build_* ...
+- run_script(name, *flags): run it as a user would, in a subprocess; returns the CompletedProcess.
+- run_in_process(name, *flags): run its `__main__` block in this process; returns its globals
+  (e.g. `episode_returns`).
+"""
+
+import ast
+import contextlib
+import dataclasses
+import importlib.util
+import itertools
+import json
+import math
+import os
+import re
+import runpy
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS_DIR = REPO_ROOT / "leanrl"
+
+# Generous limits: the CI and dev machines are small and noisy; a limit only turns a hang into a failure.
+DEFAULT_TIMEOUT_S = 900
+
+RESULT_FIELDS = (
+    "script",
+    "algo",
+    "env_id",
+    "seed",
+    "compile",
+    "cudagraphs",
+    "device",
+    "torch_version",
+    "total_timesteps",
+    "sps",
+    "compile_seconds",
+    "wall_seconds",
+    "final_return",
+)
+
+_module_counter = itertools.count()
+
+
+def script_path(name):
+    """The path of a script from its name ("sac_continuous_action" or "sac_continuous_action.py")."""
+    path = SCRIPTS_DIR / (name if name.endswith(".py") else f"{name}.py")
+    if not path.is_file():
+        raise FileNotFoundError(f"no script {path}")
+    return path
+
+
+def load_script(name):
+    """Import a script by file path and return the module.
+
+    Every call executes the file again and returns a new module, so nothing is shared between callers:
+    in particular torch.compile's caches (keyed on code objects) start empty for each loaded module.
+    """
+    path = script_path(name)
+    module_name = f"leanrl_test_{path.stem}_{next(_module_counter)}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses, pickling and torch.compile look modules up here
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
+def run_script(name, *flags, timeout=DEFAULT_TIMEOUT_S, env=None):
+    """Run a script in a subprocess from the repository root; returns the CompletedProcess (text, captured)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, str(script_path(name)), *map(str, flags)],
+        cwd=REPO_ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@contextlib.contextmanager
+def _time_limit(seconds, what):
+    """Raise TimeoutError in the main thread after `seconds` (no-op where SIGALRM is unavailable)."""
+    if not seconds or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise TimeoutError(f"{what} ran longer than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_in_process(name, *flags, timeout=DEFAULT_TIMEOUT_S):
+    """Run a script's `__main__` block in this process with these flags; returns the script's globals.
+
+    A script that exits (bad flags, non-finite loss) fails the calling test with its exit code.
+    """
+    path = script_path(name)
+    argv = [str(path), *map(str, flags)]
+    saved_argv = sys.argv
+    sys.argv = argv
+    try:
+        with _time_limit(timeout, " ".join(argv)):
+            return runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as exit_:
+        pytest.fail(f"{' '.join(argv)} exited with {exit_.code!r}")
+    finally:
+        sys.argv = saved_argv
+
+
+@pytest.fixture(autouse=True)
+def _restore_compiler_config():
+    """Undo changes a test (or a script it runs in process) makes to torch.compile's global settings."""
+    import torch._dynamo.config
+    import torch._inductor.config
+
+    configs = (torch._dynamo.config, torch._inductor.config)
+    saved = [config.get_config_copy() for config in configs]
+    yield
+    for config, before in zip(configs, saved, strict=True):
+        after = config.get_config_copy()
+        for key, value in before.items():
+            if after.get(key) is not value and after.get(key) != value:
+                setattr(config, key, value)
+
+
+def read_results(path):
+    """The JSON objects of a --results-path file, one per line."""
+    lines = Path(path).read_text().splitlines()
+    assert all(line.strip() for line in lines), f"blank line in {path}: {lines!r}"
+    return [json.loads(line) for line in lines]
+
+
+def output_lines(completed):
+    """All lines a finished subprocess printed (stdout then stderr), split on newlines and tqdm's carriage returns."""
+    text = (completed.stdout or "") + "\n" + (completed.stderr or "")
+    return [line.strip() for line in text.replace("\r", "\n").split("\n") if line.strip()]
+
+
+def describe(completed):
+    """A short account of a finished subprocess for assertion messages."""
+    return (
+        f"exit status {completed.returncode}\n--- stdout (tail) ---\n{completed.stdout[-3000:]}"
+        f"\n--- stderr (tail) ---\n{completed.stderr[-3000:]}"
+    )
+
+
+def args_fields(module):
+    """{name: dataclasses.Field} of a script's Args, in declaration order."""
+    return {field.name: field for field in dataclasses.fields(module.Args)}
+
+
+def field_default(field):
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
+# --- Generic helpers for the tests of a script pair (the update functions, flags and runs of any algorithm) ---
+
+
+@pytest.fixture
+def inductor_fallback_random():
+    """Random ops inside compiled code draw from the eager generator, so seeded samples match eager ones."""
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(fallback_random=True):
+        yield
+
+
+# float32 tolerances for "the same computation, differently fused".
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def leaves(tensordict):
+    """{flattened key: detached clone} of every leaf of a TensorDict (parameters or losses)."""
+    return {
+        ".".join(key) if isinstance(key, tuple) else key: value.detach().clone()
+        for key, value in tensordict.items(include_nested=True, leaves_only=True)
+    }
+
+
+def assert_leaves_close(actual, expected, what):
+    """Two {name: tensor} dicts have the same keys and tensors equal within RTOL and ATOL."""
+    assert actual.keys() == expected.keys(), f"{what}: keys differ: {sorted(actual)} vs {sorted(expected)}"
+    for key in expected:
+        torch.testing.assert_close(
+            actual[key], expected[key], rtol=RTOL, atol=ATOL, msg=lambda m, k=key: f"{what} {k}: {m}"
+        )
+
+
+def assert_changed(before, after, what):
+    """At least one tensor of a group moved: the update is not a no-op."""
+    assert any(not torch.equal(before[key], after[key]) for key in before), f"{what} did not change"
+
+
+def random_batch(batch_size, obs_dim, action_dim, seed):
+    """A replay batch (TensorDict) of random transitions, a quarter of them terminations; actions in [-1, 1]."""
+    generator = torch.Generator().manual_seed(seed)
+    return TensorDict(
+        observations=torch.randn(batch_size, obs_dim, generator=generator),
+        next_observations=torch.randn(batch_size, obs_dim, generator=generator),
+        actions=torch.rand(batch_size, action_dim, generator=generator) * 2 - 1,
+        rewards=torch.randn(batch_size, generator=generator),
+        terminations=(torch.rand(batch_size, generator=generator) < 0.25).float(),
+        batch_size=[batch_size],
+    )
+
+
+def args_docstrings(name):
+    """{field: docstring} of a script's Args class, read from the source (the string right after each field)."""
+    tree = ast.parse(script_path(name).read_text())
+    (args_class,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Args"]
+    docs = {}
+    body = args_class.body
+    for index, node in enumerate(body):
+        if isinstance(node, ast.AnnAssign):
+            following = body[index + 1] if index + 1 < len(body) else None
+            is_doc = (
+                isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)
+            )
+            docs[node.target.id] = following.value.value.strip() if is_doc else ""
+    return docs
+
+
+def squash(text):
+    """Text with tyro's box-drawing characters and runs of whitespace reduced to single spaces."""
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
+
+
+def is_number(value):
+    """A finite int or float (not a bool): what a numeric field of the results line must be."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_cudagraphs_message(completed, asked_for_cudagraphs):
+    """On this CPU machine, --cudagraphs gets exactly one line saying they are off; without it, no such line."""
+    mentions = [line for line in output_lines(completed) if "cudagraph" in line.lower()]
+    if asked_for_cudagraphs:
+        assert len(mentions) == 1, f"expected one line saying cudagraphs are off, got {mentions}"
+        assert re.search(r"\boff\b|disabl", mentions[0].lower()), mentions[0]
+    else:
+        assert not mentions, mentions
