@@ -5,6 +5,7 @@ import os
 import random
 import sys
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -273,6 +274,8 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
         # program, with no autograd engine at run time. Older versions compile them as two graphs.
         if hasattr(torch._dynamo.config, "trace_autograd_ops"):
             torch._dynamo.config.trace_autograd_ops = True
+        # TensorDictParams' lock is not enforced inside compiled code; tensordict says so on every run.
+        warnings.filterwarnings("ignore", message=r"Using lock_\(\) inside a compiled graph")
         # Compiled: fused kernels instead of one Python dispatch per op.
         critic_backward = torch.compile(critic_backward)
         actor_backward = torch.compile(actor_backward)
