@@ -4,25 +4,30 @@ Everything goes through the scripts' stable interface: Args, build_sac and the n
 command line, the `episode_returns` global of a run, the --results-path JSON line, and exit statuses.
 """
 
-import ast
-import math
-import re
 import statistics
 
 import numpy as np
 import pytest
 import torch
 from conftest import (
+    ATOL,
     RESULT_FIELDS,
+    RTOL,
+    args_docstrings,
     args_fields,
+    assert_changed,
+    assert_leaves_close,
+    check_cudagraphs_message,
     describe,
     field_default,
+    is_number,
+    leaves,
     load_script,
-    output_lines,
+    random_batch,
     read_results,
     run_in_process,
     run_script,
-    script_path,
+    squash,
 )
 from tensordict import TensorDict
 
@@ -30,43 +35,6 @@ PLAIN = "sac_continuous_action"
 TWIN = "sac_continuous_action_torchcompile"
 SCRIPTS = (PLAIN, TWIN)
 TWIN_ONLY_FIELDS = {"compile", "cudagraphs"}
-
-# float32 tolerances for "the same computation, differently fused".
-RTOL, ATOL = 1e-4, 1e-5
-
-
-def leaves(tensordict):
-    """{flattened key: detached clone} of every leaf of a TensorDict (parameters or losses)."""
-    return {
-        ".".join(key) if isinstance(key, tuple) else key: value.detach().clone()
-        for key, value in tensordict.items(include_nested=True, leaves_only=True)
-    }
-
-
-def assert_leaves_close(actual, expected, what):
-    assert actual.keys() == expected.keys(), f"{what}: keys differ: {sorted(actual)} vs {sorted(expected)}"
-    for key in expected:
-        torch.testing.assert_close(
-            actual[key], expected[key], rtol=RTOL, atol=ATOL, msg=lambda m, k=key: f"{what} {k}: {m}"
-        )
-
-
-def assert_changed(before, after, what):
-    """At least one tensor of a group moved: the update is not a no-op."""
-    assert any(not torch.equal(before[key], after[key]) for key in before), f"{what} did not change"
-
-
-def random_batch(batch_size, obs_dim, action_dim, seed):
-    generator = torch.Generator().manual_seed(seed)
-    return TensorDict(
-        observations=torch.randn(batch_size, obs_dim, generator=generator),
-        next_observations=torch.randn(batch_size, obs_dim, generator=generator),
-        actions=torch.rand(batch_size, action_dim, generator=generator) * 2 - 1,
-        rewards=torch.randn(batch_size, generator=generator),
-        terminations=(torch.rand(batch_size, generator=generator) < 0.25).float(),
-        batch_size=[batch_size],
-    )
-
 
 OBS_DIM, ACTION_DIM, BATCH = 17, 6, 64
 LOW, HIGH = -np.ones(ACTION_DIM, dtype=np.float32), np.ones(ACTION_DIM, dtype=np.float32)
@@ -106,15 +74,6 @@ def test_learns_pendulum(name, flags):
 
 
 # --- 2. Compiled and eager updates of the twin agree --------------------------------------------------------------
-
-
-@pytest.fixture
-def inductor_fallback_random():
-    """Random ops inside compiled code draw from the eager generator, so seeded samples match eager ones."""
-    import torch._inductor.config as inductor_config
-
-    with inductor_config.patch(fallback_random=True):
-        yield
 
 
 def snapshot(sac):
@@ -255,28 +214,6 @@ def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
     assert field_default(plain["results_path"]) is None
 
 
-def args_docstrings(name):
-    """{field: docstring} of the Args class, read from the source (the string right after each field)."""
-    tree = ast.parse(script_path(name).read_text())
-    (args_class,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Args"]
-    docs = {}
-    body = args_class.body
-    for index, node in enumerate(body):
-        if isinstance(node, ast.AnnAssign):
-            following = body[index + 1] if index + 1 < len(body) else None
-            is_doc = (
-                isinstance(following, ast.Expr)
-                and isinstance(following.value, ast.Constant)
-                and isinstance(following.value.value, str)
-            )
-            docs[node.target.id] = following.value.value.strip() if is_doc else ""
-    return docs
-
-
-def squash(text):
-    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
-
-
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_every_flag_has_a_docstring_shown_by_help(name):
     docs = args_docstrings(name)
@@ -344,10 +281,6 @@ def test_same_seed_same_returns(name):
 TINY_RUN = ("--env-id", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "100", "--batch-size", "32")
 
 
-def is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def check_result(result, name, seed, compile_):
     assert set(RESULT_FIELDS) <= result.keys(), f"missing fields: {set(RESULT_FIELDS) - result.keys()}"
     assert result["script"] == f"{name}.py"
@@ -365,15 +298,6 @@ def check_result(result, name, seed, compile_):
     assert is_number(result["wall_seconds"]) and result["wall_seconds"] > 0, result["wall_seconds"]
     # One 200-step episode finished; a Pendulum-v1 step's reward lies in [-16.3, 0].
     assert is_number(result["final_return"]) and -3300 < result["final_return"] <= 0, result["final_return"]
-
-
-def check_cudagraphs_message(completed, asked_for_cudagraphs):
-    mentions = [line for line in output_lines(completed) if "cudagraph" in line.lower()]
-    if asked_for_cudagraphs:
-        assert len(mentions) == 1, f"expected one line saying cudagraphs are off, got {mentions}"
-        assert re.search(r"\boff\b|disabl", mentions[0].lower()), mentions[0]
-    else:
-        assert not mentions, mentions
 
 
 def test_plain_results_line_is_appended(tmp_path):
