@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # --steps training steps, so the measure covers a few thousand steady-state training steps.
 ALGOS = {
     "sac": ("sac_continuous_action.py", "sac_continuous_action_torchcompile.py", ["--env-id", "HalfCheetah-v5"]),
+    "td3": ("td3_continuous_action.py", "td3_continuous_action_torchcompile.py", ["--env-id", "HalfCheetah-v5"]),
 }
-LEARNING_STARTS = {"sac": 5000}
+LEARNING_STARTS = {"sac": 5000, "td3": 25000}
 VARIANTS = [("plain", None, []), ("twin", "twin", []), ("twin --compile", "twin", ["--compile"])]
 
 

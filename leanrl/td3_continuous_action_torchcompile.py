@@ -1,0 +1,392 @@
+# Twin Delayed DDPG (TD3) for continuous actions, written for speed: the same agent and flags as
+# td3_continuous_action.py, plus --compile and --cudagraphs. `diff` the two files to see the speed tricks.
+import json
+import os
+import random
+import sys
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tqdm
+import tyro
+from tensordict import TensorDict, from_modules
+from tensordict.nn import CudaGraphModule
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    env_id: str = "HalfCheetah-v5"
+    """the id of the environment (a gymnasium id with a bounded continuous action space)"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiment"""
+    measure_burnin: int = 3
+    """training iterations after learning starts that are left out of the sps measure (compile, warm-up)"""
+    results_path: str | None = None
+    """if set, append one JSON line with this run's results to this file"""
+    learning_rate: float = 3e-4
+    """the learning rate of the actor and Q network optimizers"""
+    buffer_size: int = int(1e6)
+    """the replay memory buffer size"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 0.005
+    """target smoothing coefficient"""
+    batch_size: int = 256
+    """the batch size of sample from the replay memory"""
+    policy_noise: float = 0.2
+    """the scale of the target policy smoothing noise (times the action scale)"""
+    exploration_noise: float = 0.1
+    """the scale of the exploration noise (times the action scale)"""
+    learning_starts: int = 25000
+    """timestep to start learning"""
+    policy_frequency: int = 2
+    """the frequency of training the policy and updating the target networks (delayed), in critic updates"""
+    noise_clip: float = 0.5
+    """noise clip parameter of the target policy smoothing regularization"""
+    compile: bool = False
+    """if toggled, the updates and action selection are compiled with torch.compile"""
+    cudagraphs: bool = False
+    """if toggled, the updates and action selection are captured in CUDA graphs (CUDA only)"""
+
+
+LOG_EVERY = 100  # steps between progress-bar updates, logging and the non-finite loss check
+
+
+def exit_with_error(message):
+    """A user's mistake: one line on stderr, exit status 2, no traceback."""
+    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    for name in ("total_timesteps", "buffer_size", "batch_size", "policy_frequency"):
+        if getattr(args, name) <= 0:
+            exit_with_error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.learning_starts < 0 or args.measure_burnin < 0:
+        exit_with_error("--learning-starts and --measure-burnin must not be negative")
+    if min(args.policy_noise, args.exploration_noise, args.noise_clip) < 0:
+        exit_with_error("--policy-noise, --exploration-noise and --noise-clip must not be negative")
+    if args.batch_size > args.buffer_size:
+        exit_with_error(f"--batch-size ({args.batch_size}) is larger than --buffer-size ({args.buffer_size})")
+
+
+def make_env(env_id, seed):
+    try:
+        env = gym.make(env_id)
+    except gym.error.Error as error:
+        exit_with_error(f"cannot make env {env_id!r}: {error}")
+    space = env.action_space
+    # The actor's tanh is scaled to the action bounds, so they must be finite.
+    if not isinstance(space, gym.spaces.Box) or not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+        exit_with_error(f"TD3 needs a bounded continuous (Box) action space, {env_id} has {space}")
+    env.action_space.seed(seed)
+    return env
+
+
+class QNetwork(nn.Module):
+    def __init__(self, obs_dim, action_dim):
+        super().__init__()
+        self.fc1 = nn.Linear(obs_dim + action_dim, 256)
+        self.fc2 = nn.Linear(256, 256)
+        self.fc3 = nn.Linear(256, 1)
+
+    def forward(self, x, a):
+        x = torch.cat([x, a], 1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+class Actor(nn.Module):
+    def __init__(self, obs_dim, action_dim, action_low, action_high):
+        super().__init__()
+        self.fc1 = nn.Linear(obs_dim, 256)
+        self.fc2 = nn.Linear(256, 256)
+        self.fc_mu = nn.Linear(256, action_dim)
+        action_low = torch.as_tensor(action_low, dtype=torch.float32)
+        action_high = torch.as_tensor(action_high, dtype=torch.float32)
+        self.register_buffer("action_scale", (action_high - action_low) / 2.0)
+        self.register_buffer("action_bias", (action_high + action_low) / 2.0)
+
+    def forward(self, x):
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return torch.tanh(self.fc_mu(x)) * self.action_scale + self.action_bias
+
+
+class ReplayBuffer:
+    """Transitions in a TensorDict preallocated on the training device, overwritten oldest first.
+
+    Batches are sampled where they are used: no host-to-device copy per update.
+    """
+
+    def __init__(self, size, obs_dim, action_dim, device):
+        self.storage = TensorDict(
+            observations=torch.zeros(size, obs_dim),
+            next_observations=torch.zeros(size, obs_dim),
+            actions=torch.zeros(size, action_dim),
+            rewards=torch.zeros(size),
+            terminations=torch.zeros(size),
+            batch_size=[size],
+            device=device,
+        )
+        self.size, self.pos, self.full = size, 0, False
+
+    def add(self, transition):
+        self.storage[self.pos] = transition
+        self.pos = (self.pos + 1) % self.size
+        self.full = self.full or self.pos == 0
+
+    def sample(self, batch_size):
+        idx = torch.randint(0, self.size if self.full else self.pos, (batch_size,), device=self.storage.device)
+        return self.storage[idx]
+
+
+def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
+    """The networks, optimizers and update functions of TD3; the training loop only calls the functions."""
+    actor = Actor(obs_dim, action_dim, action_low, action_high).to(device)
+    # Both Q networks as one ensemble: stacked parameters, evaluated by one vmapped call instead of two.
+    qnet_params = from_modules(
+        QNetwork(obs_dim, action_dim).to(device), QNetwork(obs_dim, action_dim).to(device), as_module=True
+    )
+    qnet = QNetwork(obs_dim, action_dim).to("meta")  # a shell without storage, filled with any Q parameter set
+    qf1_params = qnet_params.data[0]  # detached views of Q1's parameters, the network that scores the actor
+    # The targets are plain tensors, stored apart and swapped into storage-less shells to be evaluated:
+    # they are updated by one lerp per TensorDict and never show up among the trainable parameters.
+    actor_params = TensorDict.from_module(actor).data  # views of the actor's parameters and constant buffers
+    target_actor_params = actor_params.clone()
+    target_actor = Actor(obs_dim, action_dim, action_low, action_high).to("meta")
+    target_qnet_params = qnet_params.data.clone()
+    # fused: one multi-tensor kernel per step instead of a dozen small ops per parameter;
+    # capturable: under a CUDA graph the step counter lives on the device.
+    adam_kwargs = dict(fused=True, capturable=args.cudagraphs)
+    q_optimizer = torch.optim.Adam(qnet_params.values(True, True), lr=args.learning_rate, **adam_kwargs)
+    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, **adam_kwargs)
+    action_low = torch.as_tensor(action_low, dtype=torch.float32, device=device)
+    action_high = torch.as_tensor(action_high, dtype=torch.float32, device=device)
+
+    def q_value(params, obs, actions):
+        # preserve_module_state=False: plain tensors (the targets) must not be turned into trainable parameters.
+        with params.to_module(qnet, preserve_module_state=False):
+            return qnet(obs, actions)
+
+    q_values = torch.vmap(q_value, (0, None, None))  # both networks in one call, over the stacked parameters
+
+    # The loss and its backward pass in one function, so that --compile turns both into a single graph.
+    def critic_backward(data):
+        with torch.no_grad():
+            # Target policy smoothing: clipped noise on the target action, so Q cannot exploit a narrow peak.
+            noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
+            with target_actor_params.to_module(target_actor, preserve_module_state=False):  # the target actor
+                next_state_actions = target_actor(data["next_observations"]) + noise * target_actor.action_scale
+            next_state_actions = next_state_actions.clamp(action_low, action_high)
+            qf_next_target = q_values(target_qnet_params, data["next_observations"], next_state_actions)
+            min_qf_next_target = qf_next_target.min(0).values
+            next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
+
+        qf_a_values = q_values(qnet_params, data["observations"], data["actions"]).view(2, -1)
+        # The sum over the ensemble of each network's MSE, as qf1_loss + qf2_loss.
+        qf_loss = (qf_a_values - next_q_value).pow(2).mean(1).sum()
+        qf_loss.backward()
+        return TensorDict(qf_loss=qf_loss.detach(), qf1_values=qf_a_values[0].detach().mean())
+
+    # zero_grad and the step stay outside the compiled function: torch.optim breaks the graph anyway,
+    # and the fused step is a single kernel already.
+    def update_critic(data):
+        q_optimizer.zero_grad()
+        losses = critic_backward(data)
+        q_optimizer.step()
+        return losses
+
+    def actor_backward(data):
+        # Q1 alone, not the vmapped ensemble: half the matmuls, which are what costs on CPU.
+        # Detached Q parameters: the gradient flows through the actions only, no wasted Q gradients.
+        actor_loss = -q_value(qf1_params, data["observations"], actor(data["observations"])).mean()
+        actor_loss.backward()
+        return TensorDict(actor_loss=actor_loss.detach())
+
+    def update_actor(data):
+        actor_optimizer.zero_grad()
+        losses = actor_backward(data)
+        actor_optimizer.step()
+        return losses
+
+    def update_targets():
+        # One in-place lerp per TensorDict instead of a Python loop over tensors; the actor's constant buffers
+        # ride along unchanged (a lerp between equal values).
+        target_actor_params.lerp_(actor_params, args.tau)
+        target_qnet_params.lerp_(qnet_params.data, args.tau)
+
+    def policy(obs):
+        with torch.no_grad():
+            actions = actor(obs)
+            actions = actions + torch.randn_like(actions) * actor.action_scale * args.exploration_noise
+            return actions.clamp(action_low, action_high)
+
+    # The update functions look critic_backward and actor_backward up when called, so they use the compiled ones.
+    if args.compile:
+        # Trace backward() into the compiled graph (torch >= 2.11): forward and backward become one kernel
+        # program, with no autograd engine at run time. Older versions compile them as two graphs.
+        if hasattr(torch._dynamo.config, "trace_autograd_ops"):
+            torch._dynamo.config.trace_autograd_ops = True
+        # TensorDictParams' lock is not enforced inside compiled code; tensordict says so on every run.
+        warnings.filterwarnings("ignore", message=r"Using lock_\(\) inside a compiled graph")
+        # Compiled: fused kernels instead of one Python dispatch per op.
+        critic_backward = torch.compile(critic_backward)
+        actor_backward = torch.compile(actor_backward)
+        policy = torch.compile(policy)
+    if args.cudagraphs:
+        # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
+        update_critic = CudaGraphModule(update_critic, in_keys=[], out_keys=[], warmup=5)
+        update_actor = CudaGraphModule(update_actor, in_keys=[], out_keys=[], warmup=5)
+        policy = CudaGraphModule(policy, warmup=5)
+
+    return SimpleNamespace(
+        actor=actor,
+        qnet_params=qnet_params,
+        target_qnet_params=target_qnet_params,
+        target_actor_params=target_actor_params,
+        update_critic=update_critic,
+        update_actor=update_actor,
+        update_targets=update_targets,
+        policy=policy,
+    )
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    check_args(args)
+    run_start = time.perf_counter()
+    script = os.path.basename(__file__)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.cudagraphs and device.type != "cuda":
+        print(f"{script}: --cudagraphs needs a CUDA device; cudagraphs are off for this run", file=sys.stderr)
+        args.cudagraphs = False
+
+    env = make_env(args.env_id, args.seed)
+    obs_dim, action_dim = env.observation_space.shape[0], env.action_space.shape[0]
+    td3 = build_td3(obs_dim, action_dim, env.action_space.low, env.action_space.high, args, device)
+    replay_buffer = ReplayBuffer(args.buffer_size, obs_dim, action_dim, device)
+
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.exp_name)
+
+    obs, _ = env.reset(seed=args.seed)
+    episode_return, episode_returns = 0.0, []
+    recent_returns = deque(maxlen=20)
+    measure_start_step = args.learning_starts + args.measure_burnin
+    train_start = measure_start = None
+    sps = compile_seconds = None
+    pbar = tqdm.tqdm(range(args.total_timesteps), desc=script, mininterval=1.0)
+    for global_step in pbar:
+        if global_step == args.learning_starts:
+            train_start = time.perf_counter()
+        if global_step == measure_start_step:
+            measure_start = time.perf_counter()
+            compile_seconds = measure_start - train_start
+
+        if global_step < args.learning_starts:
+            actions = env.action_space.sample()
+        else:
+            obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
+            actions = td3.policy(obs_tensor)[0].cpu().numpy()
+
+        next_obs, reward, terminated, truncated, _ = env.step(actions)
+        # A time-limit truncation still bootstraps from next_obs; only a termination cuts the return.
+        transition = TensorDict(
+            observations=obs, next_observations=next_obs, actions=actions, rewards=reward, terminations=terminated
+        )
+        replay_buffer.add(transition)
+        episode_return += float(reward)
+        if terminated or truncated:
+            episode_returns.append(episode_return)
+            recent_returns.append(episode_return)
+            if args.track:
+                wandb.log({"charts/episodic_return": episode_return}, step=global_step)
+            episode_return = 0.0
+            next_obs, _ = env.reset()
+        obs = next_obs
+
+        if global_step >= args.learning_starts:
+            data = replay_buffer.sample(args.batch_size)
+            losses = td3.update_critic(data)
+            if global_step % args.policy_frequency == 0:  # delayed: the actor and the targets move less often
+                losses.update(td3.update_actor(data))
+                td3.update_targets()
+
+            if global_step % LOG_EVERY == 0:
+                logs = {name: value.item() for name, value in losses.items()}
+                for name, value in logs.items():
+                    if not np.isfinite(value):
+                        pbar.close()
+                        sys.exit(f"{script}: error: {name} is {value} at step {global_step}; stopping the run")
+                if measure_start is not None and global_step > measure_start_step:
+                    sps = (global_step - measure_start_step) / (time.perf_counter() - measure_start)
+                mean_return = np.mean(recent_returns) if recent_returns else float("nan")
+                pbar.set_postfix(sps=f"{sps or 0:.0f}", ret=f"{mean_return:.1f}", refresh=False)
+                if args.track:
+                    wandb.log({f"losses/{k}": v for k, v in logs.items()}, step=global_step)
+    pbar.close()
+    env.close()
+
+    end = time.perf_counter()
+    if measure_start is not None and args.total_timesteps > measure_start_step:
+        sps = (args.total_timesteps - measure_start_step) / (end - measure_start)
+    final_return = float(np.mean(episode_returns[-20:])) if episode_returns else None
+    results = {
+        "script": script,
+        "algo": "td3",
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "compile": args.compile,
+        "cudagraphs": args.cudagraphs,
+        "device": str(device),
+        "torch_version": torch.__version__,
+        "total_timesteps": args.total_timesteps,
+        "sps": sps,
+        "compile_seconds": compile_seconds,
+        "wall_seconds": end - run_start,
+        "final_return": final_return,
+    }
+    if args.results_path:
+        with open(args.results_path, "a") as f:
+            f.write(json.dumps(results) + "\n")
+    if args.track:
+        wandb.log({"charts/sps": sps}, step=args.total_timesteps)
+        wandb.finish()
+    sps_text = (
+        f"{sps:.0f} sps (steady state)"
+        if sps
+        else "sps not measured (run ended before learning_starts + measure_burnin)"
+    )
+    return_text = f"{final_return:.1f}" if final_return is not None else "n/a (no finished episode)"
+    print(f"{script}: {args.total_timesteps} steps on {args.env_id}, {sps_text}, final return {return_text}")

@@ -1,0 +1,369 @@
+"""Tests of the TD3 pair: leanrl/td3_continuous_action.py (plain) and its twin td3_continuous_action_torchcompile.py.
+
+Everything goes through the scripts' stable interface: Args, build_td3 and the namespace it returns, the
+command line, the `episode_returns` global of a run, the --results-path JSON line, and exit statuses.
+"""
+
+import statistics
+
+import numpy as np
+import pytest
+import torch
+from conftest import (
+    ATOL,
+    RESULT_FIELDS,
+    RTOL,
+    args_docstrings,
+    args_fields,
+    assert_changed,
+    assert_leaves_close,
+    check_cudagraphs_message,
+    describe,
+    field_default,
+    is_number,
+    leaves,
+    load_script,
+    random_batch,
+    read_results,
+    run_in_process,
+    run_script,
+    squash,
+)
+from tensordict import TensorDict
+
+PLAIN = "td3_continuous_action"
+TWIN = "td3_continuous_action_torchcompile"
+SCRIPTS = (PLAIN, TWIN)
+TWIN_ONLY_FIELDS = {"compile", "cudagraphs"}
+
+OBS_DIM, ACTION_DIM, BATCH = 17, 6, 64
+# Asymmetric bounds of different widths: a wrong action_scale, action_bias or clamp shows up.
+LOW = np.array([-2.0, -1.0, -1.0, 0.0, -0.5, -1.0], dtype=np.float32)
+HIGH = np.array([2.0, 1.0, 0.5, 1.0, 0.5, 3.0], dtype=np.float32)
+
+
+def build(module, seed=0, **arg_overrides):
+    torch.manual_seed(seed)
+    args = module.Args(**arg_overrides)
+    return module.build_td3(OBS_DIM, ACTION_DIM, LOW, HIGH, args, torch.device("cpu"))
+
+
+# --- 1. Learning ----------------------------------------------------------------------------------------------
+
+LEARNING_SEED = 1
+LEARNING_STARTS = 1000
+LEARNING_STEPS = 15000
+LEARNING_THRESHOLD = -300.0  # random policy: about -1200 on Pendulum-v1; a solved one: about -150
+
+
+@pytest.mark.parametrize(("name", "flags"), [(PLAIN, ()), (TWIN, ("--compile",))], ids=["plain", "twin-compile"])
+def test_learns_pendulum(name, flags):
+    run = run_in_process(
+        name,
+        "--env-id", "Pendulum-v1",
+        "--seed", LEARNING_SEED,
+        "--total-timesteps", LEARNING_STEPS,
+        "--learning-starts", LEARNING_STARTS,
+        *flags,
+    )  # fmt: skip
+    returns = run["episode_returns"]
+    assert len(returns) == LEARNING_STEPS // 200, f"Pendulum-v1 episodes last 200 steps; got {len(returns)} episodes"
+    last10 = returns[-10:]
+    print(f"{name} {' '.join(flags)}: mean of the last 10 returns {statistics.mean(last10):.1f}; returns {returns}")
+    assert statistics.mean(last10) > LEARNING_THRESHOLD, f"last 10 returns {[round(r) for r in last10]}"
+
+
+# --- 2. The policy: Gaussian exploration noise scaled to the action range, clipped to the bounds ---------------
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_policy_adds_scaled_noise_and_stays_in_bounds(name):
+    module = load_script(name)
+    td3 = build(module)
+    obs = torch.randn(1, OBS_DIM, generator=torch.Generator().manual_seed(7)).expand(4096, OBS_DIM)
+    scale = torch.as_tensor((HIGH - LOW) / 2)
+    with torch.no_grad():
+        greedy = td3.actor(obs[:1])
+    # The untrained actor's actions sit several noise deviations inside the bounds: no sample is clipped here.
+    noise = td3.policy(obs) - greedy
+    torch.testing.assert_close(noise.mean(0), torch.zeros(ACTION_DIM), rtol=0, atol=0.02)
+    torch.testing.assert_close(noise.std(0), 0.1 * scale, rtol=0.1, atol=0)
+
+    # With huge noise, every action dimension is clipped to both of its bounds.
+    actions = build(module, exploration_noise=100.0).policy(obs)
+    low, high = torch.as_tensor(LOW), torch.as_tensor(HIGH)
+    assert ((actions >= low) & (actions <= high)).all(), "actions leave the action bounds"
+    assert (actions == low).any(0).all() and (actions == high).any(0).all(), "actions are not clipped to the bounds"
+
+
+# --- 3. Compiled and eager updates of the twin agree --------------------------------------------------------------
+
+
+def snapshot(td3):
+    return {
+        "qnet": leaves(td3.qnet_params.data),
+        "target_qnet": leaves(td3.target_qnet_params),
+        "actor": {k: v.detach().clone() for k, v in td3.actor.state_dict().items()},
+        "target_actor": leaves(td3.target_actor_params),
+    }
+
+
+def test_twin_compiled_updates_match_eager(inductor_fallback_random):
+    module = load_script(TWIN)
+    eager = build(module, compile=False)
+    compiled = build(module, compile=True)
+    start = snapshot(eager)
+    for group, tensors in snapshot(compiled).items():
+        assert_leaves_close(tensors, start[group], f"initial {group}")
+
+    batch = random_batch(BATCH, OBS_DIM, ACTION_DIM, seed=123)
+    for round_ in range(3):  # several rounds: Adam's moments and step count, and the targets, take part
+        losses = {}
+        for label, td3 in (("eager", eager), ("compiled", compiled)):
+            torch.manual_seed(1000 + round_)  # the target policy smoothing noise
+            losses[label] = leaves(td3.update_critic(batch))
+        assert {"qf_loss", "qf1_values"} == losses["eager"].keys()
+        assert_leaves_close(losses["compiled"], losses["eager"], f"round {round_} critic losses")
+        assert_leaves_close(
+            leaves(compiled.qnet_params.data), leaves(eager.qnet_params.data), f"round {round_} Q parameters"
+        )
+
+        losses = {label: leaves(td3.update_actor(batch)) for label, td3 in (("eager", eager), ("compiled", compiled))}
+        assert {"actor_loss"} == losses["eager"].keys()
+        assert_leaves_close(losses["compiled"], losses["eager"], f"round {round_} actor loss")
+        assert_leaves_close(snapshot(compiled)["actor"], snapshot(eager)["actor"], f"round {round_} actor parameters")
+
+        eager.update_targets()
+        compiled.update_targets()
+        after_eager, after_compiled = snapshot(eager), snapshot(compiled)
+        for group in ("target_qnet", "target_actor"):
+            assert_leaves_close(after_compiled[group], after_eager[group], f"round {round_} {group}")
+
+    end = snapshot(eager)
+    for group in ("qnet", "target_qnet", "actor", "target_actor"):
+        assert_changed(start[group], end[group], f"eager twin's {group}")
+    for label, td3 in (("eager", eager), ("compiled", compiled)):
+        for key, value in leaves(td3.update_critic(batch)).items():
+            assert torch.isfinite(value).all(), f"{label} {key} is not finite"
+
+
+def test_twin_compiled_policy_matches_eager(inductor_fallback_random):
+    module = load_script(TWIN)
+    eager = build(module, compile=False)
+    compiled = build(module, compile=True)
+    obs = torch.randn(1, OBS_DIM, generator=torch.Generator().manual_seed(7))
+    actions = {}
+    for label, td3 in (("eager", eager), ("compiled", compiled)):
+        torch.manual_seed(42)
+        actions[label] = [td3.policy(obs).clone() for _ in range(2)]
+    for step in range(2):
+        assert actions["eager"][step].shape == (1, ACTION_DIM)
+        torch.testing.assert_close(actions["compiled"][step], actions["eager"][step], rtol=RTOL, atol=ATOL)
+    assert not torch.equal(actions["eager"][0], actions["eager"][1]), "the policy does not explore"
+
+
+def test_twin_eager_updates_match_plain():
+    """Same start, same batch, same noise: the twin's eager updates compute what the plain script computes.
+
+    The plain agent's target networks are not exposed; they enter the next round's critic loss, which is compared.
+    """
+    plain_module, twin_module = load_script(PLAIN), load_script(TWIN)
+    # More target smoothing noise than the default: the noise clip and the clamp to the action bounds both act.
+    noise = dict(policy_noise=1.0, noise_clip=0.8)
+    plain, twin = build(plain_module, **noise), build(twin_module, **noise)
+
+    def plain_qnet():
+        """The plain agent's two Q networks, stacked like the twin's ensemble (a copy)."""
+        return torch.stack([TensorDict.from_module(plain.qf1).data, TensorDict.from_module(plain.qf2).data]).clone()
+
+    # Give the twin the plain agent's networks; the targets start as copies of the networks in both.
+    twin.actor.load_state_dict(plain.actor.state_dict())
+    twin.target_actor_params.update_(TensorDict.from_module(plain.actor).data)
+    start = plain_qnet()
+    assert leaves(start).keys() == leaves(twin.qnet_params.data).keys()
+    twin.qnet_params.data.update_(start)
+    twin.target_qnet_params.update_(start)
+
+    batch = random_batch(BATCH, OBS_DIM, ACTION_DIM, seed=321)
+    plain_batch = {key: value.clone() for key, value in batch.items()}
+    for round_ in range(3):
+        torch.manual_seed(round_)
+        plain_losses = plain.update_critic(plain_batch)
+        torch.manual_seed(round_)
+        twin_losses = twin.update_critic(batch)
+        assert_leaves_close(leaves(twin_losses), plain_losses, f"round {round_} critic losses")
+        assert_leaves_close(leaves(twin.qnet_params.data), leaves(plain_qnet()), f"round {round_} Q parameters")
+
+        plain_losses = plain.update_actor(plain_batch)
+        twin_losses = twin.update_actor(batch)
+        assert_leaves_close(leaves(twin_losses), plain_losses, f"round {round_} actor loss")
+        assert_leaves_close(twin.actor.state_dict(), plain.actor.state_dict(), f"round {round_} actor")
+
+        plain.update_targets()
+        twin.update_targets()
+    assert_changed(leaves(start), leaves(plain_qnet()), "plain Q networks")
+
+    obs = torch.randn(5, OBS_DIM, generator=torch.Generator().manual_seed(9))
+    torch.manual_seed(5)
+    plain_actions = plain.policy(obs)
+    torch.manual_seed(5)
+    torch.testing.assert_close(twin.policy(obs), plain_actions, rtol=RTOL, atol=ATOL)
+
+
+# --- 4. Flags ---------------------------------------------------------------------------------------------------
+
+
+def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
+    plain, twin = args_fields(load_script(PLAIN)), args_fields(load_script(TWIN))
+    assert set(twin) - set(plain) == TWIN_ONLY_FIELDS
+    assert set(plain) <= set(twin)
+    assert [name for name in twin if name not in TWIN_ONLY_FIELDS] == list(plain), "shared fields in another order"
+    for name, field in plain.items():
+        assert twin[name].type == field.type, f"{name}: type {twin[name].type} vs {field.type}"
+        if name == "exp_name":  # defaults to the script's own name
+            assert field_default(field) == PLAIN and field_default(twin[name]) == TWIN
+        else:
+            assert field_default(twin[name]) == field_default(field), f"{name}: defaults differ"
+    for name in TWIN_ONLY_FIELDS:
+        assert twin[name].type in (bool, "bool") and field_default(twin[name]) is False, name
+
+    # The flags every script has (CONVENTIONS.md), with the defaults it fixes, then TD3's own with CleanRL's defaults.
+    for name in ("exp_name", "seed", "torch_deterministic", "cuda", "track", "wandb_project_name", "wandb_entity",
+                 "env_id", "total_timesteps", "measure_burnin", "results_path"):  # fmt: skip
+        assert name in plain, name
+    assert field_default(plain["cuda"]) is True
+    assert field_default(plain["track"]) is False
+    assert field_default(plain["results_path"]) is None
+    expected = {
+        "wandb_project_name": "leanrl",
+        "env_id": "HalfCheetah-v5",
+        "total_timesteps": 1_000_000,
+        "learning_rate": 3e-4,
+        "buffer_size": 1_000_000,
+        "gamma": 0.99,
+        "tau": 0.005,
+        "batch_size": 256,
+        "policy_noise": 0.2,
+        "exploration_noise": 0.1,
+        "learning_starts": 25_000,
+        "policy_frequency": 2,
+        "noise_clip": 0.5,
+    }
+    assert {name: field_default(plain[name]) for name in expected} == expected
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_flag_has_a_docstring_shown_by_help(name):
+    docs = args_docstrings(name)
+    assert set(docs) == set(args_fields(load_script(name)))
+    missing = [field for field, doc in docs.items() if not doc]
+    assert not missing, f"fields without a docstring: {missing}"
+
+    completed = run_script(name, "--help", env={"COLUMNS": "200"}, timeout=300)
+    assert completed.returncode == 0, describe(completed)
+    help_text = squash(completed.stdout)
+    for field, doc in docs.items():
+        assert f"--{field.replace('_', '-')}" in help_text, f"--help does not list {field}"
+        assert squash(doc) in help_text, f"--help does not show the docstring of {field}: {doc!r}"
+
+
+# --- 5. Bad input -------------------------------------------------------------------------------------------------
+
+BAD_INPUTS = {
+    "unknown-env": (("--env-id", "NoSuchEnv-v0"), ("NoSuchEnv",)),
+    "discrete-env": (("--env-id", "CartPole-v1"), ("CartPole-v1",)),
+    "zero-steps": (("--env-id", "Pendulum-v1", "--total-timesteps", "0"), ("total-timesteps",)),
+    "batch-over-buffer": (
+        ("--env-id", "Pendulum-v1", "--batch-size", "512", "--buffer-size", "256"),
+        ("batch-size", "buffer-size"),
+    ),
+    "negative-noise": (("--env-id", "Pendulum-v1", "--exploration-noise", "-0.1"), ("exploration-noise",)),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path):
+    flags, expected_words = BAD_INPUTS[case]
+    results = tmp_path / "results.jsonl"
+    completed = run_script(name, *flags, "--results-path", results, timeout=300)
+    assert completed.returncode == 2, describe(completed)
+    assert "Traceback" not in completed.stderr + completed.stdout, describe(completed)
+    lines = [line for line in completed.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, describe(completed)
+    message = lines[0].replace("_", "-")
+    for word in expected_words:
+        assert word in message, f"{word!r} not in {lines[0]!r}"
+    assert not results.exists(), "a failed run wrote results"
+
+
+# --- 6. Determinism -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_same_seed_same_returns(name):
+    flags = ("--env-id", "Pendulum-v1", "--learning-starts", "200", "--batch-size", "64")
+    first = run_in_process(name, *flags, "--seed", "1", "--total-timesteps", "1000")["episode_returns"]
+    second = run_in_process(name, *flags, "--seed", "1", "--total-timesteps", "1000")["episode_returns"]
+    assert len(first) >= 4, first
+    assert all(isinstance(value, float) for value in first), first
+    assert second == first
+    # Another seed gives other returns (a shorter run is enough to see it).
+    other = run_in_process(name, *flags, "--seed", "2", "--total-timesteps", "400")["episode_returns"]
+    assert len(other) == 2, other
+    assert other != first[: len(other)]
+    assert other[1] != first[1], "the first learning episode does not depend on the seed"
+
+
+# --- 7 and 8. --results-path, and every flag combination of the twin on CPU -------------------------------------
+
+TINY_RUN = ("--env-id", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "100", "--batch-size", "32")
+
+
+def check_result(result, name, seed, compile_):
+    assert set(RESULT_FIELDS) <= result.keys(), f"missing fields: {set(RESULT_FIELDS) - result.keys()}"
+    assert result["script"] == f"{name}.py"
+    assert result["algo"] == "td3"
+    assert result["env_id"] == "Pendulum-v1"
+    assert result["seed"] == seed
+    assert result["compile"] is compile_
+    assert result["cudagraphs"] is False, "no CUDA here: cudagraphs must be recorded as off"
+    assert result["device"] == "cpu"
+    assert result["torch_version"] == torch.__version__
+    assert result["total_timesteps"] == 300
+    # 300 steps > learning_starts (100) + measure_burnin (3 by default): sps is measured.
+    assert is_number(result["sps"]) and result["sps"] > 0, result["sps"]
+    assert is_number(result["compile_seconds"]) and result["compile_seconds"] >= 0, result["compile_seconds"]
+    assert is_number(result["wall_seconds"]) and result["wall_seconds"] > 0, result["wall_seconds"]
+    # One 200-step episode finished; a Pendulum-v1 step's reward lies in [-16.3, 0].
+    assert is_number(result["final_return"]) and -3300 < result["final_return"] <= 0, result["final_return"]
+
+
+def test_plain_results_line_is_appended(tmp_path):
+    results = tmp_path / "results.jsonl"
+    for count, seed in enumerate((1, 2), start=1):
+        completed = run_script(PLAIN, *TINY_RUN, "--seed", seed, "--results-path", results)
+        assert completed.returncode == 0, describe(completed)
+        assert "Pendulum-v1" in completed.stdout.strip().splitlines()[-1], "no summary line"
+        lines = read_results(results)
+        assert len(lines) == count, "the results file was not appended to"
+        check_result(lines[-1], PLAIN, seed, compile_=False)
+    assert [line["seed"] for line in read_results(results)] == [1, 2]
+
+
+def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
+    results = tmp_path / "results.jsonl"
+    combinations = [(), ("--compile",), ("--cudagraphs",), ("--compile", "--cudagraphs")]
+    for count, flags in enumerate(combinations, start=1):
+        completed = run_script(TWIN, *TINY_RUN, "--seed", "1", "--results-path", results, *flags)
+        assert completed.returncode == 0, f"flags {flags}: {describe(completed)}"
+        assert "Traceback" not in completed.stderr, describe(completed)
+        assert "Pendulum-v1" in completed.stdout.strip().splitlines()[-1], "no summary line"
+        check_cudagraphs_message(completed, "--cudagraphs" in flags)
+        lines = read_results(results)
+        assert len(lines) == count, "the results file was not appended to"
+        check_result(lines[-1], TWIN, 1, compile_="--compile" in flags)
+    by_flags = dict(zip(combinations, read_results(results), strict=True))
+    # Without CUDA, --cudagraphs is off: the run is the one without it, return for return (same seed).
+    assert by_flags[("--cudagraphs",)]["final_return"] == by_flags[()]["final_return"]
+    assert by_flags[("--compile", "--cudagraphs")]["final_return"] == by_flags[("--compile",)]["final_return"]
