@@ -11,20 +11,20 @@ import pytest
 import torch
 from conftest import (
     ATOL,
-    RESULT_FIELDS,
     RTOL,
     args_docstrings,
     args_fields,
     assert_changed,
     assert_leaves_close,
-    check_cudagraphs_message,
+    check_bad_input,
+    check_plain_results_line_is_appended,
+    check_same_seed_same_returns,
+    check_twin_runs_with_every_flag_combination,
     describe,
     field_default,
-    is_number,
     leaves,
     load_script,
     random_batch,
-    read_results,
     run_in_process,
     run_script,
     squash,
@@ -246,16 +246,7 @@ BAD_INPUTS = {
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path):
     flags, expected_words = BAD_INPUTS[case]
-    results = tmp_path / "results.jsonl"
-    completed = run_script(name, *flags, "--results-path", results, timeout=300)
-    assert completed.returncode == 2, describe(completed)
-    assert "Traceback" not in completed.stderr + completed.stdout, describe(completed)
-    lines = [line for line in completed.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, describe(completed)
-    message = lines[0].replace("_", "-")
-    for word in expected_words:
-        assert word in message, f"{word!r} not in {lines[0]!r}"
-    assert not results.exists(), "a failed run wrote results"
+    check_bad_input(name, flags, expected_words, tmp_path)
 
 
 # --- 5. Determinism -----------------------------------------------------------------------------------------------
@@ -263,68 +254,15 @@ def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path):
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_same_seed_same_returns(name):
-    flags = ("--env-id", "Pendulum-v1", "--learning-starts", "200", "--batch-size", "64")
-    first = run_in_process(name, *flags, "--seed", "1", "--total-timesteps", "1000")["episode_returns"]
-    second = run_in_process(name, *flags, "--seed", "1", "--total-timesteps", "1000")["episode_returns"]
-    assert len(first) >= 4, first
-    assert all(isinstance(value, float) for value in first), first
-    assert second == first
-    # Another seed gives other returns (a shorter run is enough to see it).
-    other = run_in_process(name, *flags, "--seed", "2", "--total-timesteps", "400")["episode_returns"]
-    assert len(other) == 2, other
-    assert other != first[: len(other)]
-    assert other[1] != first[1], "the first learning episode does not depend on the seed"
+    check_same_seed_same_returns(name)
 
 
 # --- 6 and 7. --results-path, and every flag combination of the twin on CPU -------------------------------------
 
-TINY_RUN = ("--env-id", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "100", "--batch-size", "32")
-
-
-def check_result(result, name, seed, compile_):
-    assert set(RESULT_FIELDS) <= result.keys(), f"missing fields: {set(RESULT_FIELDS) - result.keys()}"
-    assert result["script"] == f"{name}.py"
-    assert result["algo"] == "sac"
-    assert result["env_id"] == "Pendulum-v1"
-    assert result["seed"] == seed
-    assert result["compile"] is compile_
-    assert result["cudagraphs"] is False, "no CUDA here: cudagraphs must be recorded as off"
-    assert result["device"] == "cpu"
-    assert result["torch_version"] == torch.__version__
-    assert result["total_timesteps"] == 300
-    # 300 steps > learning_starts (100) + measure_burnin (3 by default): sps is measured.
-    assert is_number(result["sps"]) and result["sps"] > 0, result["sps"]
-    assert is_number(result["compile_seconds"]) and result["compile_seconds"] >= 0, result["compile_seconds"]
-    assert is_number(result["wall_seconds"]) and result["wall_seconds"] > 0, result["wall_seconds"]
-    # One 200-step episode finished; a Pendulum-v1 step's reward lies in [-16.3, 0].
-    assert is_number(result["final_return"]) and -3300 < result["final_return"] <= 0, result["final_return"]
-
 
 def test_plain_results_line_is_appended(tmp_path):
-    results = tmp_path / "results.jsonl"
-    for count, seed in enumerate((1, 2), start=1):
-        completed = run_script(PLAIN, *TINY_RUN, "--seed", seed, "--results-path", results)
-        assert completed.returncode == 0, describe(completed)
-        assert "Pendulum-v1" in completed.stdout.strip().splitlines()[-1], "no summary line"
-        lines = read_results(results)
-        assert len(lines) == count, "the results file was not appended to"
-        check_result(lines[-1], PLAIN, seed, compile_=False)
-    assert [line["seed"] for line in read_results(results)] == [1, 2]
+    check_plain_results_line_is_appended(PLAIN, "sac", tmp_path)
 
 
 def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
-    results = tmp_path / "results.jsonl"
-    combinations = [(), ("--compile",), ("--cudagraphs",), ("--compile", "--cudagraphs")]
-    for count, flags in enumerate(combinations, start=1):
-        completed = run_script(TWIN, *TINY_RUN, "--seed", "1", "--results-path", results, *flags)
-        assert completed.returncode == 0, f"flags {flags}: {describe(completed)}"
-        assert "Traceback" not in completed.stderr, describe(completed)
-        assert "Pendulum-v1" in completed.stdout.strip().splitlines()[-1], "no summary line"
-        check_cudagraphs_message(completed, "--cudagraphs" in flags)
-        lines = read_results(results)
-        assert len(lines) == count, "the results file was not appended to"
-        check_result(lines[-1], TWIN, 1, compile_="--compile" in flags)
-    by_flags = dict(zip(combinations, read_results(results), strict=True))
-    # Without CUDA, --cudagraphs is off: the run is the one without it, return for return (same seed).
-    assert by_flags[("--cudagraphs",)]["final_return"] == by_flags[()]["final_return"]
-    assert by_flags[("--compile", "--cudagraphs")]["final_return"] == by_flags[("--compile",)]["final_return"]
+    check_twin_runs_with_every_flag_combination(TWIN, "sac", tmp_path)
