@@ -22,14 +22,32 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# algorithm -> (plain script, twin script, flags shared by every variant). The budget is learning_starts plus
-# --steps training steps, so the measure covers a few thousand steady-state training steps.
+# algorithm -> its plain script, its twin, the flags every variant gets, the steps before the measure starts
+# (off-policy: learning_starts, on-policy: measure_burnin rollouts) and the default steps measured after them.
 ALGOS = {
-    "sac": ("sac_continuous_action.py", "sac_continuous_action_torchcompile.py", ["--env-id", "HalfCheetah-v5"]),
-    "td3": ("td3_continuous_action.py", "td3_continuous_action_torchcompile.py", ["--env-id", "HalfCheetah-v5"]),
+    "sac": dict(
+        plain="sac_continuous_action.py",
+        twin="sac_continuous_action_torchcompile.py",
+        flags=["--env-id", "HalfCheetah-v5"],
+        warmup_steps=5000,
+        steps=3000,
+    ),
+    "td3": dict(
+        plain="td3_continuous_action.py",
+        twin="td3_continuous_action_torchcompile.py",
+        flags=["--env-id", "HalfCheetah-v5"],
+        warmup_steps=25000,
+        steps=3000,
+    ),
+    "ppo_continuous": dict(
+        plain="ppo_continuous_action.py",
+        twin="ppo_continuous_action_torchcompile.py",
+        flags=["--env-id", "HalfCheetah-v5"],
+        warmup_steps=3 * 2048,  # measure_burnin (3) rollouts of 2048 steps
+        steps=6 * 2048,
+    ),
 }
-LEARNING_STARTS = {"sac": 5000, "td3": 25000}
-VARIANTS = [("plain", None, []), ("twin", "twin", []), ("twin --compile", "twin", ["--compile"])]
+VARIANTS = [("plain", "plain", []), ("twin", "twin", []), ("twin --compile", "twin", ["--compile"])]
 
 
 def cpu_name():
@@ -55,18 +73,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=3000, help="training steps after learning starts")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps measured after the warm-up (default: per algorithm)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="also write the markdown table to this file")
     args = parser.parse_args()
-    if args.repeats <= 0 or args.steps <= 0:
+    if args.repeats <= 0 or (args.steps is not None and args.steps <= 0):
         parser.error("--repeats and --steps must be positive")
 
     workdir = Path(tempfile.mkdtemp(prefix="leanrl-bench-"))
     header = (
         f"CPU: {cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__} "
-        f"({torch.get_num_threads()} threads), {args.repeats} repeats, {args.steps} training steps after "
-        "learning starts; sps = steady-state env steps per second, median (min-max)"
+        f"({torch.get_num_threads()} threads), {args.repeats} repeats; sps = steady-state env steps per second "
+        "(after learning starts or the burn-in rollouts), median (min-max)"
     )
     lines = [
         header,
@@ -75,13 +95,13 @@ def main():
         "|---|---|---|---|---|---|",
     ]
     for algo in args.algos:
-        plain, twin, common = ALGOS[algo]
-        budget = LEARNING_STARTS[algo] + args.steps
-        flags = [*common, "--total-timesteps", str(budget), "--seed", str(args.seed)]
+        spec = ALGOS[algo]
+        budget = spec["warmup_steps"] + (args.steps or spec["steps"])
+        flags = [*spec["flags"], "--total-timesteps", str(budget), "--seed", str(args.seed)]
         results = {name: [] for name, _, _ in VARIANTS}
         for repeat in range(args.repeats):
             for name, which, extra in VARIANTS:
-                script = twin if which == "twin" else plain
+                script = spec[which]
                 tag = f"{algo}-{name.replace(' ', '').replace('--', '-')}-{repeat}"
                 print(f"[{algo}] repeat {repeat + 1}/{args.repeats}: {script} {' '.join(extra)}", flush=True)
                 row = run_variant(script, [*flags, *extra], workdir / f"{tag}.jsonl", workdir / f"{tag}.log")

@@ -1,4 +1,4 @@
-"""Helpers shared by the tests of every script pair (SAC and TD3 now, PPO later).
+"""Helpers shared by the tests of every script pair.
 
 Scripts are addressed by name, with or without ".py": "sac_continuous_action" is leanrl/sac_continuous_action.py.
 Three ways to exercise a script, all through its stable interface:
@@ -269,7 +269,52 @@ def check_cudagraphs_message(completed, asked_for_cudagraphs):
         assert not mentions, mentions
 
 
-# --- Checks every pair's tests run the same way: bad input, determinism, the results line --------------------------
+# --- Checks every pair's tests run the same way: flags, bad input, determinism, the results line ----------------
+
+TWIN_ONLY_FIELDS = {"compile", "cudagraphs"}
+COMMON_FIELDS = ("exp_name", "seed", "torch_deterministic", "cuda", "track", "wandb_project_name", "wandb_entity",
+                 "env_id", "total_timesteps", "measure_burnin", "results_path")  # fmt: skip
+
+
+def check_args_of_the_pair_match(plain_name, twin_name, expected_defaults):
+    """The twin has the plain script's fields (same order, types, defaults) plus compile and cudagraphs (False).
+
+    Both have the fields every script has (CONVENTIONS.md); expected_defaults: {field: CleanRL's default}.
+    """
+    plain, twin = args_fields(load_script(plain_name)), args_fields(load_script(twin_name))
+    assert set(twin) - set(plain) == TWIN_ONLY_FIELDS
+    assert set(plain) <= set(twin)
+    assert [name for name in twin if name not in TWIN_ONLY_FIELDS] == list(plain), "shared fields in another order"
+    for name, field in plain.items():
+        assert twin[name].type == field.type, f"{name}: type {twin[name].type} vs {field.type}"
+        if name == "exp_name":  # defaults to the script's own name
+            assert field_default(field) == plain_name and field_default(twin[name]) == twin_name
+        else:
+            assert field_default(twin[name]) == field_default(field), f"{name}: defaults differ"
+    for name in TWIN_ONLY_FIELDS:
+        assert twin[name].type in (bool, "bool") and field_default(twin[name]) is False, name
+
+    for name in COMMON_FIELDS:
+        assert name in plain, name
+    assert field_default(plain["cuda"]) is True
+    assert field_default(plain["track"]) is False
+    assert field_default(plain["results_path"]) is None
+    assert field_default(plain["wandb_project_name"]) == "leanrl"
+    assert {name: field_default(plain[name]) for name in expected_defaults} == expected_defaults
+
+
+def check_every_flag_has_a_docstring_shown_by_help(name):
+    docs = args_docstrings(name)
+    assert set(docs) == set(args_fields(load_script(name)))
+    missing = [field for field, doc in docs.items() if not doc]
+    assert not missing, f"fields without a docstring: {missing}"
+
+    completed = run_script(name, "--help", env={"COLUMNS": "200"}, timeout=300)
+    assert completed.returncode == 0, describe(completed)
+    help_text = squash(completed.stdout)
+    for field, doc in docs.items():
+        assert f"--{field.replace('_', '-')}" in help_text, f"--help does not list {field}"
+        assert squash(doc) in help_text, f"--help does not show the docstring of {field}: {doc!r}"
 
 
 def check_bad_input(name, flags, expected_words, tmp_path):
@@ -301,55 +346,71 @@ def check_same_seed_same_returns(name):
     assert other[1] != first[1], "the first learning episode does not depend on the seed"
 
 
-TINY_RUN = ("--env-id", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "100", "--batch-size", "32")
+@dataclasses.dataclass(frozen=True)
+class TinyRun:
+    """A run short enough for a test that still measures sps and finishes at least one episode."""
+
+    flags: tuple  # every flag but --seed and --results-path, --env-id and --total-timesteps included
+    env_id: str
+    total_timesteps: int  # the steps the results line reports
+    return_range: tuple  # (low, high]: where the final return of such a run must lie
 
 
-def check_result(result, name, algo, seed, compile_):
-    """One results line of a TINY_RUN on this CPU machine: every field, with the right types and values."""
+# Off-policy (SAC, TD3): 300 steps > learning_starts (100) + measure_burnin (3 by default), so sps is measured; one
+# 200-step Pendulum-v1 episode finishes, and a step's reward lies in [-16.3, 0].
+TINY_RUN = TinyRun(
+    flags=("--env-id", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "100", "--batch-size", "32"),
+    env_id="Pendulum-v1",
+    total_timesteps=300,
+    return_range=(-3300, 0),
+)
+
+
+def check_result(result, name, algo, seed, compile_, tiny=TINY_RUN):
+    """One results line of a tiny run on this CPU machine: every field, with the right types and values."""
     assert set(RESULT_FIELDS) <= result.keys(), f"missing fields: {set(RESULT_FIELDS) - result.keys()}"
     assert result["script"] == f"{name}.py"
     assert result["algo"] == algo
-    assert result["env_id"] == "Pendulum-v1"
+    assert result["env_id"] == tiny.env_id
     assert result["seed"] == seed
     assert result["compile"] is compile_
     assert result["cudagraphs"] is False, "no CUDA here: cudagraphs must be recorded as off"
     assert result["device"] == "cpu"
     assert result["torch_version"] == torch.__version__
-    assert result["total_timesteps"] == 300
-    # 300 steps > learning_starts (100) + measure_burnin (3 by default): sps is measured.
+    assert result["total_timesteps"] == tiny.total_timesteps
     assert is_number(result["sps"]) and result["sps"] > 0, result["sps"]
     assert is_number(result["compile_seconds"]) and result["compile_seconds"] >= 0, result["compile_seconds"]
     assert is_number(result["wall_seconds"]) and result["wall_seconds"] > 0, result["wall_seconds"]
-    # One 200-step episode finished; a Pendulum-v1 step's reward lies in [-16.3, 0].
-    assert is_number(result["final_return"]) and -3300 < result["final_return"] <= 0, result["final_return"]
+    low, high = tiny.return_range
+    assert is_number(result["final_return"]) and low < result["final_return"] <= high, result["final_return"]
 
 
-def check_plain_results_line_is_appended(plain, algo, tmp_path):
+def check_plain_results_line_is_appended(plain, algo, tmp_path, tiny=TINY_RUN):
     """Two runs of the plain script append two results lines, in order, and print a summary line."""
     results = tmp_path / "results.jsonl"
     for count, seed in enumerate((1, 2), start=1):
-        completed = run_script(plain, *TINY_RUN, "--seed", seed, "--results-path", results)
+        completed = run_script(plain, *tiny.flags, "--seed", seed, "--results-path", results)
         assert completed.returncode == 0, describe(completed)
-        assert "Pendulum-v1" in completed.stdout.strip().splitlines()[-1], "no summary line"
+        assert tiny.env_id in completed.stdout.strip().splitlines()[-1], "no summary line"
         lines = read_results(results)
         assert len(lines) == count, "the results file was not appended to"
-        check_result(lines[-1], plain, algo, seed, compile_=False)
+        check_result(lines[-1], plain, algo, seed, compile_=False, tiny=tiny)
     assert [line["seed"] for line in read_results(results)] == [1, 2]
 
 
-def check_twin_runs_with_every_flag_combination(twin, algo, tmp_path):
+def check_twin_runs_with_every_flag_combination(twin, algo, tmp_path, tiny=TINY_RUN):
     """The twin runs with no flag, --compile, --cudagraphs and both; cudagraphs fall back on CPU with one line."""
     results = tmp_path / "results.jsonl"
     combinations = [(), ("--compile",), ("--cudagraphs",), ("--compile", "--cudagraphs")]
     for count, flags in enumerate(combinations, start=1):
-        completed = run_script(twin, *TINY_RUN, "--seed", "1", "--results-path", results, *flags)
+        completed = run_script(twin, *tiny.flags, "--seed", "1", "--results-path", results, *flags)
         assert completed.returncode == 0, f"flags {flags}: {describe(completed)}"
         assert "Traceback" not in completed.stderr, describe(completed)
-        assert "Pendulum-v1" in completed.stdout.strip().splitlines()[-1], "no summary line"
+        assert tiny.env_id in completed.stdout.strip().splitlines()[-1], "no summary line"
         check_cudagraphs_message(completed, "--cudagraphs" in flags)
         lines = read_results(results)
         assert len(lines) == count, "the results file was not appended to"
-        check_result(lines[-1], twin, algo, 1, compile_="--compile" in flags)
+        check_result(lines[-1], twin, algo, 1, compile_="--compile" in flags, tiny=tiny)
     by_flags = dict(zip(combinations, read_results(results), strict=True))
     # Without CUDA, --cudagraphs is off: the run is the one without it, return for return (same seed).
     assert by_flags[("--cudagraphs",)]["final_return"] == by_flags[()]["final_return"]

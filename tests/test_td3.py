@@ -12,29 +12,24 @@ import torch
 from conftest import (
     ATOL,
     RTOL,
-    args_docstrings,
-    args_fields,
     assert_changed,
     assert_leaves_close,
+    check_args_of_the_pair_match,
     check_bad_input,
+    check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
     check_same_seed_same_returns,
     check_twin_runs_with_every_flag_combination,
-    describe,
-    field_default,
     leaves,
     load_script,
     random_batch,
     run_in_process,
-    run_script,
-    squash,
 )
 from tensordict import TensorDict
 
 PLAIN = "td3_continuous_action"
 TWIN = "td3_continuous_action_torchcompile"
 SCRIPTS = (PLAIN, TWIN)
-TWIN_ONLY_FIELDS = {"compile", "cudagraphs"}
 
 OBS_DIM, ACTION_DIM, BATCH = 17, 6, 64
 # Asymmetric bounds of different widths: a wrong action_scale, action_bias or clamp shows up.
@@ -214,26 +209,7 @@ def test_twin_eager_updates_match_plain():
 
 
 def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
-    plain, twin = args_fields(load_script(PLAIN)), args_fields(load_script(TWIN))
-    assert set(twin) - set(plain) == TWIN_ONLY_FIELDS
-    assert set(plain) <= set(twin)
-    assert [name for name in twin if name not in TWIN_ONLY_FIELDS] == list(plain), "shared fields in another order"
-    for name, field in plain.items():
-        assert twin[name].type == field.type, f"{name}: type {twin[name].type} vs {field.type}"
-        if name == "exp_name":  # defaults to the script's own name
-            assert field_default(field) == PLAIN and field_default(twin[name]) == TWIN
-        else:
-            assert field_default(twin[name]) == field_default(field), f"{name}: defaults differ"
-    for name in TWIN_ONLY_FIELDS:
-        assert twin[name].type in (bool, "bool") and field_default(twin[name]) is False, name
-
-    # The flags every script has (CONVENTIONS.md), with the defaults it fixes, then TD3's own with CleanRL's defaults.
-    for name in ("exp_name", "seed", "torch_deterministic", "cuda", "track", "wandb_project_name", "wandb_entity",
-                 "env_id", "total_timesteps", "measure_burnin", "results_path"):  # fmt: skip
-        assert name in plain, name
-    assert field_default(plain["cuda"]) is True
-    assert field_default(plain["track"]) is False
-    assert field_default(plain["results_path"]) is None
+    # The flags every script has are checked in conftest; here TD3's own, with CleanRL's defaults.
     expected = {
         "wandb_project_name": "leanrl",
         "env_id": "HalfCheetah-v5",
@@ -249,22 +225,12 @@ def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
         "policy_frequency": 2,
         "noise_clip": 0.5,
     }
-    assert {name: field_default(plain[name]) for name in expected} == expected
+    check_args_of_the_pair_match(PLAIN, TWIN, expected)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_every_flag_has_a_docstring_shown_by_help(name):
-    docs = args_docstrings(name)
-    assert set(docs) == set(args_fields(load_script(name)))
-    missing = [field for field, doc in docs.items() if not doc]
-    assert not missing, f"fields without a docstring: {missing}"
-
-    completed = run_script(name, "--help", env={"COLUMNS": "200"}, timeout=300)
-    assert completed.returncode == 0, describe(completed)
-    help_text = squash(completed.stdout)
-    for field, doc in docs.items():
-        assert f"--{field.replace('_', '-')}" in help_text, f"--help does not list {field}"
-        assert squash(doc) in help_text, f"--help does not show the docstring of {field}: {doc!r}"
+    check_every_flag_has_a_docstring_shown_by_help(name)
 
 
 # --- 5. Bad input -------------------------------------------------------------------------------------------------

@@ -1,0 +1,412 @@
+# Proximal Policy Optimization for continuous actions, plain eager PyTorch (the baseline of the speed-up table).
+# Its twin, ppo_continuous_action_torchcompile.py, trains the same agent faster: `diff` the two files.
+import json
+import os
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tqdm
+import tyro
+from torch.distributions.normal import Normal
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    env_id: str = "HalfCheetah-v5"
+    """the id of the environment (a gymnasium id with a continuous action space)"""
+    total_timesteps: int = 1000000
+    """total timesteps of the experiment"""
+    measure_burnin: int = 3
+    """training iterations (rollout + update) left out of the sps measure (compile, warm-up)"""
+    results_path: str | None = None
+    """if set, append one JSON line with this run's results to this file"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 1
+    """the number of parallel game environments"""
+    num_steps: int = 2048
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of mini-batches"""
+    update_epochs: int = 10
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """toggles advantages normalization"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """toggles whether or not to use a clipped loss for the value function, as per the paper"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold: stop the epochs of an update early once it is exceeded"""
+
+
+def exit_with_error(message):
+    """A user's mistake: one line on stderr, exit status 2, no traceback."""
+    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
+        if getattr(args, name) <= 0:
+            exit_with_error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.measure_burnin < 0:
+        exit_with_error("--measure-burnin must not be negative")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        exit_with_error(
+            f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
+            f"(num_envs * num_steps = {batch_size})"
+        )
+
+
+def make_env(env_id, gamma):
+    def thunk():
+        env = gym.make(env_id)
+        env = gym.wrappers.FlattenObservation(env)  # deal with dm_control's Dict observation space
+        env = gym.wrappers.RecordEpisodeStatistics(env)  # before the reward wrappers: real returns
+        env = gym.wrappers.ClipAction(env)
+        env = gym.wrappers.NormalizeObservation(env)
+        env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
+        env = gym.wrappers.NormalizeReward(env, gamma=gamma)
+        env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
+        return env
+
+    return thunk
+
+
+def make_envs(args):
+    try:
+        probe = gym.make(args.env_id)
+    except gym.error.Error as error:
+        exit_with_error(f"cannot make env {args.env_id!r}: {error}")
+    if not isinstance(probe.action_space, gym.spaces.Box):
+        exit_with_error(f"continuous PPO needs a continuous (Box) action space, {args.env_id} has {probe.action_space}")
+    probe.close()
+    # SAME_STEP: an env that ends an episode is reset within that step (its last observation is in
+    # infos["final_obs"]), so every stored step is a real transition: none spans a reset.
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, args.gamma) for _ in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    envs.action_space.seed(args.seed)
+    return envs
+
+
+def layer_init(layer, std=2**0.5, bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim, action_dim):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, action_dim), std=0.01),
+        )
+        self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))  # state-independent log std
+
+    def get_value(self, x):
+        return self.critic(x)
+
+    def get_action_and_value(self, x, action=None):
+        action_mean = self.actor_mean(x)
+        action_std = self.actor_logstd.expand_as(action_mean).exp()
+        probs = Normal(action_mean, action_std)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
+
+
+def compute_advantages(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """Generalized advantage estimates of a rollout, all tensors [num_steps, num_envs] but next_*: [num_envs].
+
+    dones[t] says observation t starts a new episode: nothing is bootstrapped across it.
+    """
+    advantages = torch.zeros_like(rewards)
+    last_gae_lambda = 0
+    num_steps = rewards.shape[0]
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            next_non_terminal = 1.0 - next_done
+            next_values = next_value
+        else:
+            next_non_terminal = 1.0 - dones[t + 1]
+            next_values = values[t + 1]
+        delta = rewards[t] + gamma * next_values * next_non_terminal - values[t]
+        advantages[t] = last_gae_lambda = delta + gamma * gae_lambda * next_non_terminal * last_gae_lambda
+    return advantages
+
+
+def bootstrap_truncated(rewards, terminations, truncations, final_obs, value, gamma):
+    """This step's rewards plus gamma * value(last observation) for the envs whose episode hit its time limit.
+
+    A time limit is not a failure: the return goes on past it. A termination gets no bootstrap.
+    """
+    truncated = truncations & ~terminations
+    if truncated.any():
+        last_obs = torch.tensor(np.stack(final_obs[truncated]), dtype=torch.float32, device=rewards.device)
+        rewards = rewards.clone()
+        rewards[torch.as_tensor(truncated, device=rewards.device)] += gamma * value(last_obs)
+    return rewards
+
+
+def build_ppo(obs_dim, action_dim, args, device):
+    """The agent, its optimizer and the update of one minibatch; the training loop only calls the functions."""
+    agent = Agent(obs_dim, action_dim).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+
+    def update(obs, actions, logprobs, advantages, returns, values):
+        _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+        logratio = newlogprob - logprobs
+        ratio = logratio.exp()
+        with torch.no_grad():
+            # http://joschu.net/blog/kl-approx.html
+            old_approx_kl = (-logratio).mean()
+            approx_kl = ((ratio - 1) - logratio).mean()
+            clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+        if args.norm_adv:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+        # Policy loss: the pessimistic (larger) of the plain and the clipped surrogate losses.
+        pg_loss1 = -advantages * ratio
+        pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+        newvalue = newvalue.view(-1)
+        if args.clip_vloss:
+            v_loss_unclipped = (newvalue - returns) ** 2
+            v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
+            v_loss_clipped = (v_clipped - returns) ** 2
+            v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+        else:
+            v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+
+        entropy_loss = entropy.mean()
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return dict(
+            pg_loss=pg_loss.detach(),
+            v_loss=v_loss.detach(),
+            entropy=entropy_loss.detach(),
+            old_approx_kl=old_approx_kl,
+            approx_kl=approx_kl,
+            clipfrac=clipfrac,
+        )
+
+    def policy(obs):
+        with torch.no_grad():
+            action, logprob, _, value = agent.get_action_and_value(obs)
+        return action, logprob, value.flatten()
+
+    def value(obs):
+        with torch.no_grad():
+            return agent.get_value(obs).flatten()
+
+    def gae(rewards, values, dones, next_value, next_done):
+        return compute_advantages(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
+
+    return SimpleNamespace(agent=agent, optimizer=optimizer, update=update, policy=policy, value=value, gae=gae)
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    check_args(args)
+    run_start = time.perf_counter()
+    script = os.path.basename(__file__)
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    envs = make_envs(args)
+    obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
+    ppo = build_ppo(obs_dim, action_dim, args, device)
+
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.exp_name)
+
+    # Rollout storage.
+    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs, action_dim), device=device)
+    logprobs = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+
+    next_obs, _ = envs.reset(seed=args.seed)
+    next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
+    next_done = torch.zeros(args.num_envs, device=device)
+    episode_returns = []
+    recent_returns = deque(maxlen=20)
+    global_step = 0
+    train_start = time.perf_counter()
+    measure_start = measure_start_step = None
+    sps = compile_seconds = None
+    pbar = tqdm.tqdm(total=num_iterations * batch_size, desc=script, mininterval=1.0)
+    for iteration in range(1, num_iterations + 1):
+        if iteration == args.measure_burnin + 1:
+            measure_start, measure_start_step = time.perf_counter(), global_step
+            compile_seconds = measure_start - train_start
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            ppo.optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            obs[step] = next_obs
+            dones[step] = next_done
+            action, logprob, value = ppo.policy(next_obs)
+            actions[step], logprobs[step], values[step] = action, logprob, value
+
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            reward = torch.tensor(reward, dtype=torch.float32, device=device)
+            if "final_obs" in infos:
+                reward = bootstrap_truncated(
+                    reward, terminations, truncations, infos["final_obs"], ppo.value, args.gamma
+                )
+                for index in np.flatnonzero(infos["final_info"].get("_episode", [])):
+                    episode_return = float(infos["final_info"]["episode"]["r"][index])
+                    episode_returns.append(episode_return)
+                    recent_returns.append(episode_return)
+                    if args.track:
+                        wandb.log({"charts/episodic_return": episode_return}, step=global_step)
+            rewards[step] = reward
+            next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
+            next_done = torch.tensor(terminations | truncations, dtype=torch.float32, device=device)
+
+        advantages = ppo.gae(rewards, values, dones, ppo.value(next_obs), next_done)
+        returns = advantages + values
+
+        # Flatten the batch.
+        b_obs = obs.reshape((-1, obs_dim))
+        b_actions = actions.reshape((-1, action_dim))
+        b_logprobs = logprobs.reshape(-1)
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
+        b_values = values.reshape(-1)
+
+        # Optimize the policy and value network.
+        for _ in range(args.update_epochs):
+            b_inds = torch.randperm(batch_size, device=device)
+            for start in range(0, batch_size, minibatch_size):
+                mb_inds = b_inds[start : start + minibatch_size]
+                losses = ppo.update(
+                    b_obs[mb_inds],
+                    b_actions[mb_inds],
+                    b_logprobs[mb_inds],
+                    b_advantages[mb_inds],
+                    b_returns[mb_inds],
+                    b_values[mb_inds],
+                )
+            if args.target_kl is not None and losses["approx_kl"] > args.target_kl:
+                break
+
+        # Log once per iteration, from the last minibatch.
+        logs = {name: value.item() for name, value in losses.items()}
+        for name, value in logs.items():
+            if not np.isfinite(value):
+                pbar.close()
+                sys.exit(f"{script}: error: {name} is {value} at step {global_step}; stopping the run")
+        if measure_start is not None and global_step > measure_start_step:
+            sps = (global_step - measure_start_step) / (time.perf_counter() - measure_start)
+        mean_return = np.mean(recent_returns) if recent_returns else float("nan")
+        pbar.update(batch_size)
+        pbar.set_postfix(sps=f"{sps or 0:.0f}", ret=f"{mean_return:.1f}", refresh=False)
+        if args.track:
+            wandb.log(
+                {
+                    **{f"losses/{k}": v for k, v in logs.items()},
+                    "charts/learning_rate": ppo.optimizer.param_groups[0]["lr"],
+                },
+                step=global_step,
+            )
+    pbar.close()
+    envs.close()
+
+    end = time.perf_counter()
+    final_return = float(np.mean(episode_returns[-20:])) if episode_returns else None
+    results = {
+        "script": script,
+        "algo": "ppo_continuous",
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "compile": False,
+        "cudagraphs": False,
+        "device": str(device),
+        "torch_version": torch.__version__,
+        "total_timesteps": global_step,
+        "sps": sps,
+        "compile_seconds": compile_seconds,
+        "wall_seconds": end - run_start,
+        "final_return": final_return,
+    }
+    if args.results_path:
+        with open(args.results_path, "a") as f:
+            f.write(json.dumps(results) + "\n")
+    if args.track:
+        wandb.log({"charts/sps": sps}, step=global_step)
+        wandb.finish()
+    sps_text = (
+        f"{sps:.0f} sps (steady state)" if sps else "sps not measured (run ended within measure_burnin iterations)"
+    )
+    return_text = f"{final_return:.1f}" if final_return is not None else "n/a (no finished episode)"
+    print(f"{script}: {global_step} steps on {args.env_id}, {sps_text}, final return {return_text}")

@@ -1,0 +1,360 @@
+"""Tests of the continuous PPO pair: leanrl/ppo_continuous_action.py (plain) and ppo_continuous_action_torchcompile.py.
+
+Everything goes through the scripts' stable interface: Args, compute_advantages, bootstrap_truncated, build_ppo and
+the namespace it returns, the command line, the `episode_returns` global of a run, the --results-path JSON line,
+and exit statuses.
+"""
+
+import functools
+import statistics
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import (
+    ATOL,
+    RTOL,
+    TinyRun,
+    assert_changed,
+    assert_leaves_close,
+    check_args_of_the_pair_match,
+    check_bad_input,
+    check_every_flag_has_a_docstring_shown_by_help,
+    check_plain_results_line_is_appended,
+    check_twin_runs_with_every_flag_combination,
+    load_script,
+    run_in_process,
+)
+from tensordict import TensorDict
+
+PLAIN = "ppo_continuous_action"
+TWIN = "ppo_continuous_action_torchcompile"
+SCRIPTS = (PLAIN, TWIN)
+
+OBS_DIM, ACTION_DIM, MINIBATCH = 11, 3, 64
+
+
+def build(module, seed=0, **arg_overrides):
+    torch.manual_seed(seed)
+    args = module.Args(**arg_overrides)
+    return module.build_ppo(OBS_DIM, ACTION_DIM, args, torch.device("cpu"))
+
+
+def parameters(ppo):
+    return {name: value.detach().clone() for name, value in ppo.agent.named_parameters()}
+
+
+def random_minibatch(ppo, seed):
+    """A minibatch as a rollout would give it: actions drawn near the policy's mean, their log-probabilities
+    under a slightly different (older) policy, so that some probability ratios fall outside the clip range."""
+    generator = torch.Generator().manual_seed(seed)
+    obs = torch.randn(MINIBATCH, OBS_DIM, generator=generator)
+    actions = torch.randn(MINIBATCH, ACTION_DIM, generator=generator)
+    with torch.no_grad():
+        _, logprobs, _, values = ppo.agent.get_action_and_value(obs, actions)
+    return TensorDict(
+        obs=obs,
+        actions=actions,
+        logprobs=logprobs + 0.3 * torch.randn(MINIBATCH, generator=generator),
+        advantages=torch.randn(MINIBATCH, generator=generator),
+        returns=torch.randn(MINIBATCH, generator=generator),
+        values=values.flatten() + 0.5 * torch.randn(MINIBATCH, generator=generator),
+        batch_size=[MINIBATCH],
+    )
+
+
+def plain_update(ppo, minibatch):
+    """The plain script's update takes the minibatch's tensors one by one."""
+    keys = ("obs", "actions", "logprobs", "advantages", "returns", "values")
+    return ppo.update(*(minibatch[key].clone() for key in keys))
+
+
+def set_learning_rate(ppo, value):
+    """What the annealing of each script does: a float in the plain script, a tensor written in place in the twin."""
+    lr = ppo.optimizer.param_groups[0]["lr"]
+    if isinstance(lr, torch.Tensor):
+        lr.fill_(value)
+    else:
+        ppo.optimizer.param_groups[0]["lr"] = value
+
+
+# --- 1. Learning ----------------------------------------------------------------------------------------------
+
+LEARNING_ENV = "InvertedPendulum-v5"
+LEARNING_SEED = 1  # not cherry-picked: seed 2 passes as well (see the note in the README's tests section)
+LEARNING_STEPS = 24 * 2048  # 24 rollouts of the default 2048 steps
+LEARNING_FACTOR = 20  # the issue's bar: at least 20 times the random policy's mean return
+
+
+def random_policy_mean_return(env_id, episodes=500, seed=0):
+    """Mean return of uniformly random actions (about 5 on InvertedPendulum-v5: the pole falls within a few steps)."""
+    env = gym.make(env_id)
+    env.action_space.seed(seed)
+    returns = []
+    for episode in range(episodes):
+        env.reset(seed=seed + episode)
+        episode_return, done = 0.0, False
+        while not done:
+            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+            episode_return += float(reward)
+            done = terminated or truncated
+        returns.append(episode_return)
+    env.close()
+    return statistics.mean(returns)
+
+
+@pytest.mark.parametrize(("name", "flags"), [(PLAIN, ()), (TWIN, ("--compile",))], ids=["plain", "twin-compile"])
+def test_learns_inverted_pendulum(name, flags):
+    random_return = random_policy_mean_return(LEARNING_ENV)
+    assert 1 < random_return < 20, random_return
+    run = run_in_process(
+        name, "--env-id", LEARNING_ENV, "--seed", LEARNING_SEED, "--total-timesteps", LEARNING_STEPS, *flags
+    )
+    returns = run["episode_returns"]
+    last20 = statistics.mean(returns[-20:])
+    print(f"{name} {' '.join(flags)}: random policy {random_return:.1f}, mean of the last 20 returns {last20:.1f}")
+    assert len(returns) >= 20, returns
+    assert last20 >= LEARNING_FACTOR * random_return, f"last 20 returns {returns[-20:]}"
+
+
+# --- 2. Advantages ------------------------------------------------------------------------------------------------
+
+
+def reference_advantages(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """GAE written out per env with Python floats, straight from its definition:
+    A_t = delta_t + gamma * lambda * A_{t+1}, cut where the next observation starts a new episode."""
+    num_steps, num_envs = rewards.shape
+    advantages = torch.zeros(num_steps, num_envs, dtype=torch.float64)
+    for env in range(num_envs):
+        following = 0.0  # A_{t+1}
+        for t in range(num_steps - 1, -1, -1):
+            last = t == num_steps - 1
+            next_starts_episode = float(next_done[env] if last else dones[t + 1, env])
+            bootstrap = float(next_value[env] if last else values[t + 1, env])
+            delta = float(rewards[t, env]) + gamma * bootstrap * (1 - next_starts_episode) - float(values[t, env])
+            following = delta + gamma * gae_lambda * (1 - next_starts_episode) * following
+            advantages[t, env] = following
+    return advantages.float()
+
+
+def random_rollout(num_steps, num_envs, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return dict(
+        rewards=torch.randn(num_steps, num_envs, generator=generator),
+        values=torch.randn(num_steps, num_envs, generator=generator),
+        dones=(torch.rand(num_steps, num_envs, generator=generator) < 0.15).float(),
+        next_value=torch.randn(num_envs, generator=generator),
+        next_done=torch.tensor([1.0] + [0.0] * (num_envs - 1)),
+    )
+
+
+@pytest.mark.parametrize("num_steps", [1, 2, 37, 128, 2048])
+@pytest.mark.parametrize(
+    ("name", "compiled"), [(PLAIN, False), (TWIN, False), (TWIN, True)], ids=["plain", "twin", "twin-compiled"]
+)
+def test_advantages_match_reference(name, compiled, num_steps):
+    module = load_script(name)
+    rollout = random_rollout(num_steps, 3, seed=num_steps)
+    assert rollout["dones"].sum() > 0 or num_steps < 10, "no episode end in the rollout"
+    compute = torch.compile(module.compute_advantages) if compiled else module.compute_advantages
+    gamma, gae_lambda = 0.99, 0.95
+    actual = compute(**rollout, gamma=gamma, gae_lambda=gae_lambda)
+    expected = reference_advantages(**rollout, gamma=gamma, gae_lambda=gae_lambda)
+    assert actual.shape == (num_steps, 3)
+    torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
+
+
+def test_advantages_do_not_cross_episode_ends():
+    """A reward after an episode end must not reach the advantages before it, in any script."""
+    rollout = random_rollout(16, 2, seed=5)
+    rollout["dones"][:] = 0
+    rollout["dones"][8, 0] = 1  # observation 8 of env 0 starts a new episode
+    for name in SCRIPTS:
+        compute = load_script(name).compute_advantages
+        base = compute(**rollout, gamma=0.99, gae_lambda=0.95)
+        changed = dict(rollout, rewards=rollout["rewards"].clone())
+        changed["rewards"][12, :] += 100.0
+        after = compute(**changed, gamma=0.99, gae_lambda=0.95)
+        assert torch.equal(after[:8, 0], base[:8, 0]), f"{name}: advantages leak across an episode end"
+        assert (after[:8, 1] > base[:8, 1] + 1).all(), f"{name}: advantages ignore later rewards within an episode"
+
+
+def test_truncation_bootstraps_and_termination_does_not():
+    rewards = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    terminations = np.array([True, False, False, True])
+    truncations = np.array([False, True, False, True])  # env 3: both flags, a termination
+    final_obs = np.array([np.full(OBS_DIM, 0.5), np.full(OBS_DIM, 2.0), None, np.full(OBS_DIM, 7.0)], dtype=object)
+
+    def value(obs):
+        return obs.sum(1)  # a stand-in value function: the sum of the observation
+
+    for name in SCRIPTS:
+        module = load_script(name)
+        bootstrapped = module.bootstrap_truncated(rewards, terminations, truncations, final_obs, value, 0.9)
+        expected = torch.tensor([1.0, 2.0 + 0.9 * 2.0 * OBS_DIM, 3.0, 4.0])
+        torch.testing.assert_close(bootstrapped, expected, msg=name)
+        assert torch.equal(rewards, torch.tensor([1.0, 2.0, 3.0, 4.0])), f"{name} changed its input in place"
+
+
+# --- 3. Updates: compiled vs eager twin, twin vs plain --------------------------------------------------------------
+
+
+def test_twin_compiled_updates_match_eager(inductor_fallback_random):
+    module = load_script(TWIN)
+    eager = build(module, compile=False)
+    compiled = build(module, compile=True)
+    start = parameters(eager)
+    assert_leaves_close(parameters(compiled), start, "initial parameters")
+    for round_ in range(3):  # several rounds: Adam's moments and step count take part
+        minibatch = random_minibatch(eager, seed=round_)
+        set_learning_rate(eager, 3e-4 * (1 - round_ / 3))  # annealing between updates
+        set_learning_rate(compiled, 3e-4 * (1 - round_ / 3))
+        losses = {
+            label: dict(ppo.update(minibatch.clone()).items())
+            for label, ppo in (("eager", eager), ("compiled", compiled))
+        }
+        assert {"pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac"} <= losses["eager"].keys()
+        assert_leaves_close(losses["compiled"], losses["eager"], f"round {round_} losses")
+        assert_leaves_close(parameters(compiled), parameters(eager), f"round {round_} parameters")
+    assert_changed(start, parameters(eager), "the eager twin's parameters")
+    assert 0 < losses["eager"]["clipfrac"] < 1, "the minibatch does not exercise the clipping"
+
+
+def test_twin_compiled_policy_matches_eager(inductor_fallback_random):
+    module = load_script(TWIN)
+    eager = build(module, compile=False)
+    compiled = build(module, compile=True)
+    obs = torch.randn(1, OBS_DIM, generator=torch.Generator().manual_seed(7))
+    outputs = {}
+    for label, ppo in (("eager", eager), ("compiled", compiled)):
+        torch.manual_seed(42)
+        outputs[label] = [[tensor.clone() for tensor in ppo.policy(obs)] for _ in range(2)]
+    for step in range(2):
+        action, logprob, value = outputs["eager"][step]
+        assert action.shape == (1, ACTION_DIM) and logprob.shape == (1,) and value.shape == (1,)
+        for actual, expected in zip(outputs["compiled"][step], outputs["eager"][step], strict=True):
+            torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
+    assert not torch.equal(outputs["eager"][0][0], outputs["eager"][1][0]), "the policy does not sample"
+
+
+def test_twin_acts_with_the_latest_parameters_and_no_autograd():
+    ppo = build(load_script(TWIN))
+    obs = torch.randn(5, OBS_DIM)
+    before = ppo.value(obs)
+    ppo.update(random_minibatch(ppo, seed=0))
+    after = ppo.value(obs)
+    assert not torch.equal(before, after), "acting does not see the updated parameters"
+    with torch.no_grad():
+        expected = ppo.agent.get_value(obs).flatten()
+    torch.testing.assert_close(after, expected, rtol=0, atol=0)
+    # The acting copy holds views of the agent's parameters (same storage), outside autograd.
+    for name, parameter in ppo.agent.named_parameters():
+        acting = functools.reduce(getattr, name.split("."), ppo.agent_inference)
+        assert acting.data_ptr() == parameter.data_ptr() and not acting.requires_grad, name
+    assert all(t.grad_fn is None for t in ppo.policy(obs))
+
+
+def test_twin_eager_updates_match_plain():
+    """Same start, same minibatches, same learning rate schedule: the twin's eager update computes the plain one."""
+    plain, twin = build(load_script(PLAIN)), build(load_script(TWIN))
+    twin.agent.load_state_dict(plain.agent.state_dict())
+    start = parameters(plain)
+    for round_ in range(3):
+        minibatch = random_minibatch(plain, seed=10 + round_)
+        set_learning_rate(plain, 3e-4 * (1 - round_ / 3))
+        set_learning_rate(twin, 3e-4 * (1 - round_ / 3))
+        plain_losses = plain_update(plain, minibatch)
+        twin_losses = twin.update(minibatch.clone())
+        assert_leaves_close(dict(twin_losses.items()), plain_losses, f"round {round_} losses")
+        assert_leaves_close(parameters(twin), parameters(plain), f"round {round_} parameters")
+    assert_changed(start, parameters(plain), "the plain agent's parameters")
+
+
+# --- 4. Flags ---------------------------------------------------------------------------------------------------
+
+
+def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
+    # The flags every script has are checked in conftest; here continuous PPO's own, with CleanRL's defaults.
+    expected = {
+        "env_id": "HalfCheetah-v5",
+        "total_timesteps": 1_000_000,
+        "learning_rate": 3e-4,
+        "num_envs": 1,
+        "num_steps": 2048,
+        "anneal_lr": True,
+        "gamma": 0.99,
+        "gae_lambda": 0.95,
+        "num_minibatches": 32,
+        "update_epochs": 10,
+        "norm_adv": True,
+        "clip_coef": 0.2,
+        "clip_vloss": True,
+        "ent_coef": 0.0,
+        "vf_coef": 0.5,
+        "max_grad_norm": 0.5,
+        "target_kl": None,
+    }
+    check_args_of_the_pair_match(PLAIN, TWIN, expected)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_flag_has_a_docstring_shown_by_help(name):
+    check_every_flag_has_a_docstring_shown_by_help(name)
+
+
+# --- 5. Bad input -------------------------------------------------------------------------------------------------
+
+BAD_INPUTS = {
+    "unknown-env": (("--env-id", "NoSuchEnv-v0"), ("NoSuchEnv",)),
+    "discrete-env": (("--env-id", "CartPole-v1"), ("CartPole-v1",)),
+    "minibatches-not-dividing": (("--num-steps", "100", "--num-minibatches", "8"), ("num-minibatches", "100")),
+    "zero-steps": (("--total-timesteps", "0",), ("total-timesteps",)),
+    "zero-envs": (("--num-envs", "0",), ("num-envs",)),
+    "negative-rollout": (("--num-steps", "-5",), ("num-steps",)),
+    "zero-minibatches": (("--num-minibatches", "0",), ("num-minibatches",)),
+    "zero-epochs": (("--update-epochs", "0",), ("update-epochs",)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path):
+    flags, expected_words = BAD_INPUTS[case]
+    check_bad_input(name, flags, expected_words, tmp_path)
+
+
+# --- 6. Determinism -----------------------------------------------------------------------------------------------
+
+SHORT_RUN = ("--env-id", "InvertedPendulum-v5", "--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "2")
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_same_seed_same_returns(name):
+    first = run_in_process(name, *SHORT_RUN, "--seed", 1, "--total-timesteps", 512)["episode_returns"]
+    second = run_in_process(name, *SHORT_RUN, "--seed", 1, "--total-timesteps", 512)["episode_returns"]
+    assert len(first) >= 10, first  # random-ish policies drop the pole within a few dozen steps
+    assert all(isinstance(value, float) for value in first), first
+    assert second == first
+    other = run_in_process(name, *SHORT_RUN, "--seed", 2, "--total-timesteps", 512)["episode_returns"]
+    assert other != first
+
+
+# --- 7 and 8. --results-path, and every flag combination of the twin on CPU -------------------------------------
+
+# Four rollouts of 128 steps: one more than measure_burnin (3 by default), so sps is measured; InvertedPendulum-v5
+# episodes of a fresh policy last a few steps and earn 1 per step, at most 1000.
+TINY = TinyRun(
+    flags=(*SHORT_RUN, "--total-timesteps", "512"),
+    env_id="InvertedPendulum-v5",
+    total_timesteps=512,
+    return_range=(0, 1000),
+)
+
+
+def test_plain_results_line_is_appended(tmp_path):
+    check_plain_results_line_is_appended(PLAIN, "ppo_continuous", tmp_path, tiny=TINY)
+
+
+def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
+    check_twin_runs_with_every_flag_combination(TWIN, "ppo_continuous", tmp_path, tiny=TINY)
