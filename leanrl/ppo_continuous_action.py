@@ -92,6 +92,8 @@ def check_args(args):
             f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
             f"(num_envs * num_steps = {batch_size})"
         )
+    if not 0 <= args.seed < 2**31:  # what numpy, torch and the environments all accept
+        exit_with_error(f"--seed must be in [0, 2**31), got {args.seed}")
 
 
 def make_env(env_id, gamma):

@@ -99,6 +99,8 @@ def check_args(args):
             f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
             f"(num_envs * num_steps = {batch_size})"
         )
+    if not 0 <= args.seed < 2**31:  # what numpy, torch and the environments all accept
+        exit_with_error(f"--seed must be in [0, 2**31), got {args.seed}")
 
 
 def make_env(env_id, gamma):
@@ -208,8 +210,10 @@ def build_ppo(obs_dim, action_dim, args, device):
     """The agent, its optimizer and the update of one minibatch; the training loop only calls the functions."""
     agent = Agent(obs_dim, action_dim).to(device)
     # Acting uses a copy of the agent whose parameters are detached views of the agent's: no autograd
-    # bookkeeping during rollouts, and it always sees the latest weights without a copy.
-    agent_inference = Agent(obs_dim, action_dim).to("meta")
+    # bookkeeping during rollouts, and it always sees the latest weights without a copy. Its shell is built on
+    # "meta": no memory, and no draw from the random generator (the run samples what the plain script samples).
+    with torch.device("meta"):
+        agent_inference = Agent(obs_dim, action_dim)
     from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
     # lr in a tensor: annealing writes into it instead of changing a Python float the compiled code depends on;
     # fused: one multi-tensor kernel per step; capturable: under a CUDA graph the step counter lives on the device.

@@ -90,6 +90,8 @@ def check_args(args):
         exit_with_error("--policy-noise, --exploration-noise and --noise-clip must not be negative")
     if args.batch_size > args.buffer_size:
         exit_with_error(f"--batch-size ({args.batch_size}) is larger than --buffer-size ({args.buffer_size})")
+    if not 0 <= args.seed < 2**31:  # what numpy, torch and the environments all accept
+        exit_with_error(f"--seed must be in [0, 2**31), got {args.seed}")
 
 
 def make_env(env_id, seed):

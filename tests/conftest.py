@@ -354,6 +354,7 @@ class TinyRun:
     env_id: str
     total_timesteps: int  # the steps the results line reports
     return_range: tuple  # (low, high]: where the final return of such a run must lie
+    env: dict | None = None  # environment variables for the run, on top of this process's
 
 
 # Off-policy (SAC, TD3): 300 steps > learning_starts (100) + measure_burnin (3 by default), so sps is measured; one
@@ -389,7 +390,7 @@ def check_plain_results_line_is_appended(plain, algo, tmp_path, tiny=TINY_RUN):
     """Two runs of the plain script append two results lines, in order, and print a summary line."""
     results = tmp_path / "results.jsonl"
     for count, seed in enumerate((1, 2), start=1):
-        completed = run_script(plain, *tiny.flags, "--seed", seed, "--results-path", results)
+        completed = run_script(plain, *tiny.flags, "--seed", seed, "--results-path", results, env=tiny.env)
         assert completed.returncode == 0, describe(completed)
         assert tiny.env_id in completed.stdout.strip().splitlines()[-1], "no summary line"
         lines = read_results(results)
@@ -403,7 +404,7 @@ def check_twin_runs_with_every_flag_combination(twin, algo, tmp_path, tiny=TINY_
     results = tmp_path / "results.jsonl"
     combinations = [(), ("--compile",), ("--cudagraphs",), ("--compile", "--cudagraphs")]
     for count, flags in enumerate(combinations, start=1):
-        completed = run_script(twin, *tiny.flags, "--seed", "1", "--results-path", results, *flags)
+        completed = run_script(twin, *tiny.flags, "--seed", "1", "--results-path", results, *flags, env=tiny.env)
         assert completed.returncode == 0, f"flags {flags}: {describe(completed)}"
         assert "Traceback" not in completed.stderr, describe(completed)
         assert tiny.env_id in completed.stdout.strip().splitlines()[-1], "no summary line"

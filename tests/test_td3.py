@@ -237,6 +237,7 @@ def test_every_flag_has_a_docstring_shown_by_help(name):
 
 BAD_INPUTS = {
     "unknown-env": (("--env-id", "NoSuchEnv-v0"), ("NoSuchEnv",)),
+    "negative-seed": (("--seed", "-1"), ("seed", "-1")),
     "discrete-env": (("--env-id", "CartPole-v1"), ("CartPole-v1",)),
     "zero-steps": (("--env-id", "Pendulum-v1", "--total-timesteps", "0"), ("total-timesteps",)),
     "batch-over-buffer": (

@@ -1,0 +1,464 @@
+# Proximal Policy Optimization on Atari (envpool), written for speed: the same agent and flags as
+# ppo_atari_envpool.py, plus --compile and --cudagraphs. `diff` the two files to see the speed tricks.
+import json
+import os
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import envpool
+import numpy as np
+import torch
+import torch.nn as nn
+import tqdm
+import tyro
+from envpool.registration import registry
+from tensordict import TensorDict, from_module
+from tensordict.nn import CudaGraphModule
+from torch.distributions.categorical import Categorical
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "leanrl"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    env_id: str = "Breakout-v5"
+    """the id of the environment (an envpool Atari game)"""
+    total_timesteps: int = 10000000
+    """total timesteps of the experiment"""
+    measure_burnin: int = 3
+    """training iterations (rollout + update) left out of the sps measure (compile, warm-up)"""
+    results_path: str | None = None
+    """if set, append one JSON line with this run's results to this file"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing for policy and value networks"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of mini-batches"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """toggles advantages normalization"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """toggles whether or not to use a clipped loss for the value function, as per the paper"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold: stop the epochs of an update early once it is exceeded"""
+    compile: bool = False
+    """if toggled, the update, action selection and advantage estimation are compiled with torch.compile"""
+    cudagraphs: bool = False
+    """if toggled, the update, action selection and advantage estimation are captured in CUDA graphs (CUDA only)"""
+
+
+def exit_with_error(message):
+    """A user's mistake: one line on stderr, exit status 2, no traceback."""
+    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args):
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
+        if getattr(args, name) <= 0:
+            exit_with_error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.measure_burnin < 0:
+        exit_with_error("--measure-burnin must not be negative")
+    if not 0 <= args.seed < 2**31:  # what both numpy and envpool accept
+        exit_with_error(f"--seed must be in [0, 2**31), got {args.seed}")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        exit_with_error(
+            f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
+            f"(num_envs * num_steps = {batch_size})"
+        )
+
+
+def make_envs(args):
+    if args.env_id not in envpool.list_all_envs():
+        exit_with_error(f"cannot make env {args.env_id!r}: envpool has no env with this id")
+    # envpool's registry names the module that implements each id: only its Atari games give 84x84 frames.
+    if registry.specs[args.env_id][0] != "envpool.atari":
+        exit_with_error(f"PPO Atari needs an Atari game (e.g. Breakout-v5), {args.env_id} is not one")
+    try:
+        # Frames: grey 84x84, 4 stacked, 4 frames skipped per step, up to 30 no-ops at reset. Episodic life
+        # (a lost life ends an episode) and rewards clipped to their sign are for learning only: the returns
+        # reported are the game's own (infos["reward"], summed until infos["terminated"]: the game is over).
+        envs = envpool.make(
+            args.env_id,
+            env_type="gymnasium",
+            num_envs=args.num_envs,
+            episodic_life=True,
+            reward_clip=True,
+            seed=args.seed,
+        )
+    except Exception as error:
+        exit_with_error(f"cannot make env {args.env_id!r}: {error}")
+    return envs
+
+
+def layer_init(layer, std=2**0.5, bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """The Nature DQN CNN as a shared trunk, with a policy head and a value head."""
+
+    def __init__(self, num_actions):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
+        self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1)
+
+    def get_value(self, x):
+        return self.critic(self.network(x / 255.0))
+
+    def get_action_and_value(self, x, action=None):
+        hidden = self.network(x / 255.0)
+        logits = self.actor(hidden)
+        probs = Categorical(logits=logits, validate_args=False)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)
+
+
+def compute_advantages(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """Generalized advantage estimates of a rollout, all tensors [num_steps, num_envs] but next_*: [num_envs].
+
+    dones[t] says observation t is the last frame of a finished episode: nothing is bootstrapped from it.
+    The recurrence A[t] = delta[t] + gamma * gae_lambda * (1 - dones[t + 1]) * A[t + 1] is solved by a parallel
+    scan: log2(num_steps) rounds of whole-rollout tensor ops instead of num_steps rounds of per-step ops.
+    """
+    next_non_terminal = 1.0 - torch.cat([dones[1:], next_done[None]])
+    next_values = torch.cat([values[1:], next_value[None]])
+    advantages = rewards + gamma * next_values * next_non_terminal - values  # the deltas
+    discounts = gamma * gae_lambda * next_non_terminal
+    # After the round with offset k, advantages[t] sums the discounted deltas of steps t .. t + 2k - 1 and
+    # discounts[t] is the product of the discounts over those steps.
+    num_steps, offset = rewards.shape[0], 1
+    while offset < num_steps:
+        advantages = torch.cat([advantages[:-offset] + discounts[:-offset] * advantages[offset:], advantages[-offset:]])
+        discounts = torch.cat([discounts[:-offset] * discounts[offset:], discounts[-offset:]])
+        offset *= 2
+    return advantages
+
+
+def masked_mean(x, mask):
+    """The mean of x over the entries where mask is 1 (0 where there is none)."""
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def build_ppo(num_actions, args, device):
+    """The agent, its optimizer and the update of one minibatch; the training loop only calls the functions."""
+    agent = Agent(num_actions).to(device)
+    # The acting copy: the agent's parameters as plain tensors (not nn.Parameters) sharing their storage, so the
+    # optimizer's in-place steps reach it and acting builds no autograd state. Its shell is built on "meta": no
+    # memory, and no draw from the random generator (the run samples the same actions as the plain script's).
+    with torch.device("meta"):
+        agent_inference = Agent(num_actions)
+    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+    # lr in a tensor: annealing writes into it, with no recompile and no re-capture; fused: one multi-tensor
+    # kernel per step instead of a dozen small ops per parameter; capturable: under a CUDA graph the step counter
+    # lives on the device.
+    optimizer = torch.optim.Adam(
+        agent.parameters(),
+        lr=torch.tensor(args.learning_rate, device=device),
+        eps=1e-5,
+        fused=True,
+        capturable=args.cudagraphs,
+    )
+
+    # The loss and its backward pass in one function, so that --compile turns both into a single graph.
+    def loss_backward(minibatch):
+        obs, actions, logprobs = minibatch["obs"], minibatch["actions"], minibatch["logprobs"]
+        advantages, returns, values = minibatch["advantages"], minibatch["returns"], minibatch["values"]
+        mask = minibatch["mask"]  # 0 for envpool's reset steps (see the rollout), 1 elsewhere
+        _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+        logratio = newlogprob - logprobs
+        ratio = logratio.exp()
+        with torch.no_grad():
+            # http://joschu.net/blog/kl-approx.html
+            old_approx_kl = masked_mean(-logratio, mask)
+            approx_kl = masked_mean((ratio - 1) - logratio, mask)
+            clipfrac = masked_mean(((ratio - 1.0).abs() > args.clip_coef).float(), mask)
+
+        if args.norm_adv:
+            mean = masked_mean(advantages, mask)
+            std = (((advantages - mean) ** 2 * mask).sum() / (mask.sum() - 1).clamp(min=1.0)).sqrt()
+            advantages = (advantages - mean) / (std + 1e-8)
+
+        # Policy loss: the pessimistic (larger) of the plain and the clipped surrogate losses.
+        pg_loss1 = -advantages * ratio
+        pg_loss2 = -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+        pg_loss = masked_mean(torch.max(pg_loss1, pg_loss2), mask)
+
+        newvalue = newvalue.view(-1)
+        if args.clip_vloss:
+            v_loss_unclipped = (newvalue - returns) ** 2
+            v_clipped = values + torch.clamp(newvalue - values, -args.clip_coef, args.clip_coef)
+            v_loss_clipped = (v_clipped - returns) ** 2
+            v_loss = 0.5 * masked_mean(torch.max(v_loss_unclipped, v_loss_clipped), mask)
+        else:
+            v_loss = 0.5 * masked_mean((newvalue - returns) ** 2, mask)
+
+        entropy_loss = masked_mean(entropy, mask)
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+        loss.backward()
+        return TensorDict(
+            pg_loss=pg_loss.detach(),
+            v_loss=v_loss.detach(),
+            entropy=entropy_loss.detach(),
+            old_approx_kl=old_approx_kl,
+            approx_kl=approx_kl,
+            clipfrac=clipfrac,
+        )
+
+    # zero_grad, clipping and the step stay outside the compiled function: torch.optim breaks the graph anyway,
+    # and the fused step is a single kernel already.
+    def update(minibatch):
+        optimizer.zero_grad()
+        losses = loss_backward(minibatch)
+        # foreach: the norm and the scaling as multi-tensor kernels instead of a loop over parameters.
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+        optimizer.step()
+        return losses
+
+    def policy(obs):
+        with torch.no_grad():
+            action, logprob, _, value = agent_inference.get_action_and_value(obs)
+        return action, logprob, value.flatten()
+
+    def value(obs):
+        with torch.no_grad():
+            return agent_inference.get_value(obs).flatten()
+
+    def gae(rewards, values, dones, next_value, next_done):
+        return compute_advantages(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
+
+    # update looks loss_backward up when called, so it uses the compiled one.
+    if args.compile:
+        # Trace backward() into the compiled graph (torch >= 2.11): forward and backward become one kernel
+        # program, with no autograd engine at run time. Older versions compile them as two graphs.
+        if hasattr(torch._dynamo.config, "trace_autograd_ops"):
+            torch._dynamo.config.trace_autograd_ops = True
+        # Compiled: fused kernels instead of one Python dispatch per op.
+        loss_backward = torch.compile(loss_backward)
+        policy = torch.compile(policy)
+        value = torch.compile(value)
+        gae = torch.compile(gae)
+    if args.cudagraphs:
+        # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
+        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=5)
+        policy = CudaGraphModule(policy, warmup=5)
+        value = CudaGraphModule(value, warmup=5)
+        gae = CudaGraphModule(gae, warmup=5)
+
+    return SimpleNamespace(
+        agent=agent,
+        agent_inference=agent_inference,
+        optimizer=optimizer,
+        update=update,
+        policy=policy,
+        value=value,
+        gae=gae,
+    )
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    check_args(args)
+    run_start = time.perf_counter()
+    script = os.path.basename(__file__)
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.cudagraphs and device.type != "cuda":
+        print(f"{script}: --cudagraphs needs a CUDA device; cudagraphs are off for this run", file=sys.stderr)
+        args.cudagraphs = False
+
+    envs = make_envs(args)
+    ppo = build_ppo(envs.action_space.n, args, device)
+
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.exp_name)
+
+    next_obs, _ = envs.reset()
+    # Frames stay uint8 until the network divides them by 255: a quarter of the memory and copies of float32.
+    next_obs = torch.as_tensor(next_obs, device=device)
+    next_done = np.zeros(args.num_envs, dtype=np.float32)
+    game_returns = np.zeros(args.num_envs)  # each env's unclipped score since its game started, over all lives
+    episode_returns = []
+    recent_returns = deque(maxlen=20)
+    global_step = 0
+    train_start = time.perf_counter()
+    measure_start = measure_start_step = None
+    sps = compile_seconds = None
+    pbar = tqdm.tqdm(total=num_iterations * batch_size, desc=script, mininterval=1.0)
+    for iteration in range(1, num_iterations + 1):
+        if iteration == args.measure_burnin + 1:
+            measure_start, measure_start_step = time.perf_counter(), global_step
+            compile_seconds = measure_start - train_start
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            ppo.optimizer.param_groups[0]["lr"].fill_(frac * args.learning_rate)
+
+        # envpool ends an episode (a life) on one step and resets that env on the next one, which ignores its
+        # action and returns the new episode's first frame with reward 0. So dones[t] = 1 marks obs[t] as the
+        # last frame of an episode: GAE does not bootstrap across it, and step t, the reset step, is no
+        # transition of the game: the update masks it out.
+        # The rollout's tensors are collected in lists and stacked once: cheaper than a write per step and key.
+        # The env's outputs stay numpy until then: one host-to-device copy per rollout instead of one per step.
+        steps, env_steps = [], []
+        for _ in range(args.num_steps):
+            global_step += args.num_envs
+            action, logprob, value = ppo.policy(next_obs)
+            steps.append(dict(obs=next_obs, actions=action, logprobs=logprob, values=value))
+            env_steps.append(dict(dones=next_done))
+
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            # The game's real return: its unclipped rewards summed over all lives, until the game is over
+            # (infos["terminated"]) or cut by the time limit.
+            game_returns += infos["reward"]
+            for index in np.flatnonzero(infos["terminated"].astype(bool) | truncations):
+                episode_return = float(game_returns[index])
+                game_returns[index] = 0.0
+                episode_returns.append(episode_return)
+                recent_returns.append(episode_return)
+                if args.track:
+                    wandb.log({"charts/episodic_return": episode_return}, step=global_step)
+            env_steps[-1].update(rewards=reward, time_limits=(truncations & ~terminations).astype(np.float32))
+            next_obs = torch.as_tensor(next_obs, device=device)
+            next_done = (terminations | truncations).astype(np.float32)
+
+        rollout = TensorDict(
+            {
+                **{key: torch.stack([s[key] for s in steps]) for key in steps[0]},
+                **{key: torch.as_tensor(np.stack([s[key] for s in env_steps]), device=device) for key in env_steps[0]},
+            },
+            [args.num_steps, args.num_envs],
+        )
+
+        # A time limit is not a failure: a truncated episode is bootstrapped from the value of its last frame,
+        # the observation that follows it. A termination (a lost life) gets no bootstrap.
+        next_value = ppo.value(next_obs)
+        next_values = torch.cat([rollout["values"][1:], next_value[None]])
+        rollout["advantages"] = ppo.gae(
+            rollout["rewards"] + args.gamma * next_values * rollout["time_limits"],
+            rollout["values"],
+            rollout["dones"],
+            next_value,
+            torch.as_tensor(next_done, device=device),
+        )
+        rollout["returns"] = rollout["advantages"] + rollout["values"]
+        rollout["mask"] = 1.0 - rollout["dones"]
+
+        # Optimize the policy and value network.
+        batch = rollout.reshape(-1)  # flatten the batch
+        for _ in range(args.update_epochs):
+            # One gather per epoch for every key at once; the minibatches are then views of it.
+            shuffled = batch[torch.randperm(batch_size, device=device)]
+            for minibatch in shuffled.split(minibatch_size):
+                losses = ppo.update(minibatch)
+            if args.target_kl is not None and losses["approx_kl"] > args.target_kl:
+                break
+
+        # Log once per iteration, from the last minibatch.
+        logs = {name: value.item() for name, value in losses.items()}
+        for name, value in logs.items():
+            if not np.isfinite(value):
+                pbar.close()
+                sys.exit(f"{script}: error: {name} is {value} at step {global_step}; stopping the run")
+        if measure_start is not None and global_step > measure_start_step:
+            sps = (global_step - measure_start_step) / (time.perf_counter() - measure_start)
+        mean_return = np.mean(recent_returns) if recent_returns else float("nan")
+        pbar.update(batch_size)
+        pbar.set_postfix(sps=f"{sps or 0:.0f}", ret=f"{mean_return:.1f}", refresh=False)
+        if args.track:
+            wandb.log(
+                {
+                    **{f"losses/{k}": v for k, v in logs.items()},
+                    "charts/learning_rate": ppo.optimizer.param_groups[0]["lr"].item(),
+                },
+                step=global_step,
+            )
+    pbar.close()
+    envs.close()
+
+    end = time.perf_counter()
+    final_return = float(np.mean(episode_returns[-20:])) if episode_returns else None
+    results = {
+        "script": script,
+        "algo": "ppo_atari",
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "compile": args.compile,
+        "cudagraphs": args.cudagraphs,
+        "device": str(device),
+        "torch_version": torch.__version__,
+        "total_timesteps": global_step,
+        "sps": sps,
+        "compile_seconds": compile_seconds,
+        "wall_seconds": end - run_start,
+        "final_return": final_return,
+    }
+    if args.results_path:
+        with open(args.results_path, "a") as f:
+            f.write(json.dumps(results) + "\n")
+    if args.track:
+        wandb.log({"charts/sps": sps}, step=global_step)
+        wandb.finish()
+    sps_text = (
+        f"{sps:.0f} sps (steady state)" if sps else "sps not measured (run ended within measure_burnin iterations)"
+    )
+    return_text = f"{final_return:.1f}" if final_return is not None else "n/a (no finished episode)"
+    print(f"{script}: {global_step} steps on {args.env_id}, {sps_text}, final return {return_text}")

@@ -1,0 +1,465 @@
+"""Tests of the PPO Atari pair: leanrl/ppo_atari_envpool.py (plain) and its twin ppo_atari_envpool_torchcompile.py.
+
+Everything goes through the scripts' stable interface: Args, compute_advantages, build_ppo and the namespace it
+returns, the command line, the globals of a run (`episode_returns`, the last rollout), the --results-path JSON line,
+and exit statuses. The plain script stores frames as float32, the twin as uint8: both divide by 255 in the network.
+"""
+
+import envpool
+import numpy as np
+import pytest
+import torch
+from conftest import (
+    ATOL,
+    RTOL,
+    TinyRun,
+    assert_changed,
+    assert_leaves_close,
+    check_args_of_the_pair_match,
+    check_bad_input,
+    check_every_flag_has_a_docstring_shown_by_help,
+    check_plain_results_line_is_appended,
+    check_twin_runs_with_every_flag_combination,
+    load_script,
+    run_in_process,
+)
+from tensordict import TensorDict
+
+PLAIN = "ppo_atari_envpool"
+TWIN = "ppo_atari_envpool_torchcompile"
+SCRIPTS = (PLAIN, TWIN)
+
+NUM_ACTIONS, BATCH = 4, 64
+LOSS_NAMES = {"pg_loss", "v_loss", "entropy", "old_approx_kl", "approx_kl", "clipfrac"}
+
+
+# The CNN's OpenMP threads wait for one another: on a small machine shared with other jobs, two threads can run
+# several times slower than one. The tests pin one thread, in this process and in the runs they start.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def build(module, seed=0, **arg_overrides):
+    torch.manual_seed(seed)
+    args = module.Args(**arg_overrides)
+    return module.build_ppo(NUM_ACTIONS, args, torch.device("cpu"))
+
+
+def params(ppo):
+    return {name: value.detach().clone() for name, value in ppo.agent.state_dict().items()}
+
+
+def frames_for(name, obs):
+    """The frames as the script stores them: float32 in the plain script, uint8 in the twin."""
+    return obs.float() if name == PLAIN else obs
+
+
+def random_minibatch(seed, size=BATCH, masked_fraction=0.25):
+    """A PPO minibatch of random Atari frames (uint8) and random rollout quantities, some steps masked out."""
+    generator = torch.Generator().manual_seed(seed)
+    return dict(
+        obs=torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8, generator=generator),
+        actions=torch.randint(0, NUM_ACTIONS, (size,), generator=generator),
+        logprobs=torch.log(torch.full((size,), 1.0 / NUM_ACTIONS)) + 0.1 * torch.randn(size, generator=generator),
+        advantages=torch.randn(size, generator=generator),
+        returns=torch.randn(size, generator=generator),
+        values=torch.randn(size, generator=generator),
+        mask=(torch.rand(size, generator=generator) >= masked_fraction).float(),
+    )
+
+
+def call_update(ppo, name, batch):
+    """The plain script's update takes the minibatch's tensors, the twin's a TensorDict of them."""
+    keys = ("obs", "actions", "logprobs", "advantages", "returns", "values", "mask")
+    if name == PLAIN:
+        return ppo.update(frames_for(name, batch["obs"]), *(batch[key] for key in keys[1:]))
+    return ppo.update(TensorDict({key: batch[key] for key in keys}, batch_size=[len(batch["obs"])]))
+
+
+def detached(losses):
+    return {key: value.detach().clone() for key, value in losses.items()}
+
+
+# --- 1. Learning, unit level: the update moves the policy the way the advantages say ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"), [(PLAIN, {}), (TWIN, {}), (TWIN, {"compile": True})], ids=["plain", "twin", "twin-compile"]
+)
+def test_update_raises_probability_of_positive_advantage_actions(name, overrides):
+    """Four updates on one on-policy batch: actions with A > 0 become more likely, those with A < 0 less likely.
+
+    The sign of an advantage is tied to the action (0 and 1 good, 2 and 3 bad; random magnitudes) so that a few
+    small steps from the near-uniform initial policy can follow it for every sample, not only on average.
+    """
+    module = load_script(name)
+    ppo = build(module, **overrides)
+    batch = random_minibatch(seed=5, masked_fraction=0.0)
+    obs, actions = frames_for(name, batch["obs"]), batch["actions"]
+    batch["advantages"] = (batch["advantages"].abs() + 0.1) * torch.where(actions < 2, 1.0, -1.0)
+    with torch.no_grad():
+        _, logprobs_before, _, values = ppo.agent.get_action_and_value(obs, actions)
+    # On-policy data: the old log-probabilities and values are the agent's own.
+    batch.update(logprobs=logprobs_before, values=values.flatten(), returns=values.flatten() + batch["advantages"])
+    for _ in range(4):
+        losses = call_update(ppo, name, batch)
+    assert set(losses.keys()) == LOSS_NAMES
+    with torch.no_grad():
+        _, logprobs_after, _, _ = ppo.agent.get_action_and_value(obs, actions)
+    change = logprobs_after - logprobs_before
+    positive = batch["advantages"] > 0
+    assert 0 < positive.sum() < BATCH
+    print(f"{name} {overrides}: mean log-prob change {change[positive].mean():.4f} (A > 0), "
+          f"{change[~positive].mean():.4f} (A < 0)")  # fmt: skip
+    assert (change[positive] > 0).all(), f"actions with A > 0 that became less likely: {change[positive]}"
+    assert (change[~positive] < 0).all(), f"actions with A < 0 that became more likely: {change[~positive]}"
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_masked_steps_do_not_change_the_update(name):
+    """Steps with mask 0 (envpool's reset steps) have no effect: changing their data changes nothing."""
+    module = load_script(name)
+    first, second = build(module), build(module)
+    batch = random_minibatch(seed=11)
+    masked = batch["mask"] == 0
+    assert 0 < masked.sum() < BATCH
+    other = dict(batch)
+    noise = random_minibatch(seed=12)
+    for key in ("obs", "actions", "logprobs", "advantages", "returns", "values"):
+        other[key] = torch.where(masked.view(-1, *[1] * (batch[key].dim() - 1)), noise[key], batch[key])
+    for round_ in range(2):
+        losses_first, losses_second = detached(call_update(first, name, batch)), call_update(second, name, other)
+        assert_leaves_close(detached(losses_second), losses_first, f"round {round_} losses")
+        assert_leaves_close(params(second), params(first), f"round {round_} parameters")
+    # And the masked data does matter once it is unmasked.
+    third = build(module)
+    call_update(third, name, dict(other, mask=torch.ones(BATCH)))
+    call_update(third, name, dict(other, mask=torch.ones(BATCH)))
+    assert any(not torch.allclose(params(third)[k], params(first)[k]) for k in params(first)), "mask has no effect"
+
+
+# --- 2. GAE ---------------------------------------------------------------------------------------------------------
+
+
+def reference_advantages(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """GAE the textbook way, one env at a time, in float64: an episode end cuts both the bootstrap and the sum."""
+    rewards, values, dones = (np.asarray(x, dtype=np.float64) for x in (rewards, values, dones))
+    num_steps, num_envs = rewards.shape
+    advantages = np.zeros((num_steps, num_envs))
+    for env in range(num_envs):
+        following = 0.0  # the advantage of the next step
+        for t in reversed(range(num_steps)):
+            if t == num_steps - 1:
+                ends, bootstrap = bool(next_done[env]), float(next_value[env])
+            else:
+                ends, bootstrap = bool(dones[t + 1, env]), values[t + 1, env]
+            if ends:  # observation t + 1 is the last frame of the episode: nothing after it counts
+                following = rewards[t, env] - values[t, env]
+            else:
+                following = rewards[t, env] + gamma * bootstrap - values[t, env] + gamma * gae_lambda * following
+            advantages[t, env] = following
+    return torch.tensor(advantages, dtype=torch.float32)
+
+
+def random_rollout(num_steps, num_envs, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return dict(
+        rewards=torch.randn(num_steps, num_envs, generator=generator),
+        values=torch.randn(num_steps, num_envs, generator=generator),
+        dones=(torch.rand(num_steps, num_envs, generator=generator) < 0.1).float(),
+        next_value=torch.randn(num_envs, generator=generator),
+        next_done=torch.tensor([1.0] + [0.0] * (num_envs - 1)),
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "compile_"), [(PLAIN, False), (TWIN, False), (TWIN, True)], ids=["plain", "twin", "twin-compile"]
+)
+def test_gae_matches_reference(name, compile_):
+    module = load_script(name)
+    gae = torch.compile(module.compute_advantages) if compile_ else module.compute_advantages
+    for num_steps, num_envs, seed in ((128, 8, 0), (37, 3, 1), (1, 2, 2)):
+        rollout = random_rollout(num_steps, num_envs, seed)
+        assert 0 < rollout["dones"].sum() < rollout["dones"].numel() or num_steps == 1
+        expected = reference_advantages(**rollout, gamma=0.99, gae_lambda=0.95)
+        actual = gae(**rollout, gamma=0.99, gae_lambda=0.95)
+        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, msg=lambda m, n=num_steps: f"T={n}: {m}")
+    # No episode end: the advantage of step 0 is the discounted sum of all deltas (checked against a closed form).
+    rollout = random_rollout(16, 2, seed=3)
+    rollout.update(dones=torch.zeros(16, 2), next_done=torch.zeros(2))
+    next_values = torch.cat([rollout["values"][1:], rollout["next_value"][None]])
+    deltas = rollout["rewards"] + 0.9 * next_values - rollout["values"]
+    closed_form = (deltas * (0.9 * 0.5) ** torch.arange(16.0)[:, None]).sum(0)
+    torch.testing.assert_close(gae(**rollout, gamma=0.9, gae_lambda=0.5)[0], closed_form, rtol=RTOL, atol=ATOL)
+
+
+# --- 3. Compiled and eager updates of the twin agree; the twin computes what the plain script computes ------------
+
+
+def test_twin_compiled_update_policy_and_gae_match_eager(inductor_fallback_random):
+    module = load_script(TWIN)
+    eager, compiled = build(module, compile=False), build(module, compile=True)
+    start = params(eager)
+    assert_leaves_close(params(compiled), start, "initial parameters")
+
+    def act(ppo):
+        torch.manual_seed(42)
+        return [tensor.clone() for _ in range(2) for tensor in ppo.policy(obs)] + [ppo.value(obs).clone()]
+
+    def check_acting(what):
+        outputs = {"eager": act(eager), "compiled": act(compiled)}
+        for index, (actual, expected) in enumerate(zip(outputs["compiled"], outputs["eager"], strict=True)):
+            torch.testing.assert_close(
+                actual, expected, rtol=RTOL, atol=ATOL, msg=lambda m, i=index: f"{what} {i}: {m}"
+            )
+        assert not torch.equal(outputs["eager"][0], outputs["eager"][3]), "the policy does not sample"
+        return outputs["eager"]
+
+    obs = random_minibatch(seed=7, size=8)["obs"]
+    acting_before = check_acting("policy before the updates")
+    for round_ in range(3):  # several rounds: Adam's moments and step count take part
+        batch = random_minibatch(seed=100 + round_)
+        losses = {
+            label: detached(call_update(ppo, TWIN, batch)) for label, ppo in (("eager", eager), ("compiled", compiled))
+        }
+        assert set(losses["eager"]) == LOSS_NAMES
+        assert_leaves_close(losses["compiled"], losses["eager"], f"round {round_} losses")
+        assert_leaves_close(params(compiled), params(eager), f"round {round_} parameters")
+        # The learning rate lives in a tensor: annealing it between rounds must reach both.
+        for ppo in (eager, compiled):
+            ppo.optimizer.param_groups[0]["lr"].mul_(0.5)
+    assert_changed(start, params(eager), "eager twin's parameters")
+    # The compiled policy follows the updates (it reads the parameters' storage, it did not keep copies).
+    acting_after = check_acting("policy after the updates")
+    assert not torch.equal(acting_after[-1], acting_before[-1]), "the values did not change with the updates"
+
+    rollout = random_rollout(128, 8, seed=9)
+    expected = reference_advantages(**rollout, gamma=0.99, gae_lambda=0.95)  # the Args defaults
+    torch.testing.assert_close(eager.gae(**rollout), expected, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(compiled.gae(**rollout), eager.gae(**rollout), rtol=RTOL, atol=ATOL)
+
+
+def test_twin_eager_update_matches_plain():
+    """Same start, same minibatches, same learning-rate schedule: the twin's updates compute the plain script's."""
+    plain, twin = build(load_script(PLAIN)), build(load_script(TWIN))
+    twin.agent.load_state_dict(plain.agent.state_dict())
+    start = params(plain)
+    for round_ in range(3):
+        batch = random_minibatch(seed=200 + round_)
+        plain_losses = detached(call_update(plain, PLAIN, batch))
+        twin_losses = detached(call_update(twin, TWIN, batch))
+        assert_leaves_close(twin_losses, plain_losses, f"round {round_} losses")
+        assert_leaves_close(params(twin), params(plain), f"round {round_} parameters")
+        # Anneal the learning rate the way each script does.
+        plain.optimizer.param_groups[0]["lr"] *= 0.5
+        twin.optimizer.param_groups[0]["lr"].mul_(0.5)
+    assert_changed(start, params(plain), "plain parameters")
+
+    # The twin acts with a detached copy of its parameters: it must see the updates (the same storage).
+    obs = random_minibatch(seed=8, size=8)["obs"]
+    torch.manual_seed(3)
+    plain_out = plain.policy(obs.float())
+    torch.manual_seed(3)
+    twin_out = twin.policy(obs)
+    for actual, expected in zip(twin_out, plain_out, strict=True):
+        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(twin.value(obs), plain.value(obs.float()), rtol=RTOL, atol=ATOL)
+    for path, parameter in twin.agent.named_parameters():
+        module_path, _, attribute = path.rpartition(".")
+        acting = getattr(twin.agent_inference.get_submodule(module_path), attribute)
+        assert not acting.requires_grad, f"the acting copy of {path} requires grad"
+        assert acting.data_ptr() == parameter.data_ptr(), f"the acting copy of {path} has its own storage"
+
+
+# --- 4. Flags -------------------------------------------------------------------------------------------------------
+
+
+def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
+    # The flags every script has are checked in conftest; here CleanRL's ppo_atari_envpool hyper-parameters.
+    expected = dict(env_id="Breakout-v5", total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128,
+                    anneal_lr=True, gamma=0.99, gae_lambda=0.95, num_minibatches=4, update_epochs=4, norm_adv=True,
+                    clip_coef=0.1, clip_vloss=True, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, target_kl=None)  # fmt: skip
+    check_args_of_the_pair_match(PLAIN, TWIN, expected)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_flag_has_a_docstring_shown_by_help(name):
+    check_every_flag_has_a_docstring_shown_by_help(name)
+
+
+# --- 5. Bad input ---------------------------------------------------------------------------------------------------
+
+BAD_INPUTS = {
+    "unknown-env": (("--env-id", "NoSuchGame-v5"), ("NoSuchGame-v5",)),
+    "mujoco-env": (("--env-id", "HalfCheetah-v5"), ("HalfCheetah-v5", "Atari")),
+    "classic-env": (("--env-id", "CartPole-v1"), ("CartPole-v1", "Atari")),
+    "minibatches-do-not-divide": (
+        ("--num-envs", "2", "--num-steps", "32", "--num-minibatches", "3"),
+        ("num-minibatches", "64"),
+    ),
+    "zero-envs": (("--num-envs", "0"), ("num-envs",)),
+    "negative-steps": (("--num-steps", "-8"), ("num-steps",)),
+    "zero-timesteps": (("--total-timesteps", "0"), ("total-timesteps",)),
+    "seed-out-of-range": (("--seed", "-1"), ("seed",)),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path):
+    flags, expected_words = BAD_INPUTS[case]
+    check_bad_input(name, flags, expected_words, tmp_path)
+
+
+# --- 6. Runs: determinism and the game's real returns ---------------------------------------------------------------
+
+# Asterix: 3 lives, rewards of 50 and more (clipped to 1), games of about 200-350 steps under a near-uniform policy.
+# 768 steps per env: about five finished games in all, and life losses in the last rollout.
+RUN = ("--env-id", "Asterix-v5", "--num-envs", "2", "--num-steps", "128", "--total-timesteps", "1536",
+       "--num-minibatches", "2", "--update-epochs", "1")  # fmt: skip
+
+
+class RecordingEnvs:
+    """An envpool env that keeps a copy of what each step returned."""
+
+    def __init__(self, envs):
+        self._envs = envs
+        self.steps = []
+
+    def __getattr__(self, name):
+        return getattr(self._envs, name)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self._envs.step(action)
+        self.steps.append(
+            dict(
+                clipped_reward=reward.copy(),
+                game_reward=info["reward"].copy(),
+                life_lost=terminated.copy(),  # episodic life: a lost life terminates the episode
+                truncated=truncated.copy(),
+                game_over=info["terminated"].astype(bool),
+            )
+        )
+        return obs, reward, terminated, truncated, info
+
+
+@pytest.fixture(scope="module")
+def recorded_run():
+    """recorded_run(name, seed): (the globals of a run of RUN, the envpool steps it made); each run is made once."""
+    cache = {}
+    real_make = envpool.make
+
+    def run(name, seed):
+        if (name, seed) not in cache:
+            made = []
+
+            def make(*args, **kwargs):
+                made.append(RecordingEnvs(real_make(*args, **kwargs)))
+                return made[-1]
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(envpool, "make", make)
+                run_globals = run_in_process(name, *RUN, "--seed", seed)
+            assert len(made) == 1
+            cache[name, seed] = run_globals, made[0].steps
+        return cache[name, seed]
+
+    return run
+
+
+def episode_sums(steps, reward_key, end_keys):
+    """The sum of a reward over each episode, an episode ending where one of end_keys is true; in order of ending."""
+    num_envs = len(steps[0][reward_key])
+    totals, finished = np.zeros(num_envs), []
+    for step in steps:
+        totals += step[reward_key]
+        for env in range(num_envs):
+            if any(step[key][env] for key in end_keys):
+                finished.append(float(totals[env]))
+                totals[env] = 0.0
+    return finished
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_reported_returns_are_the_games_real_returns(name, recorded_run):
+    """episode_returns holds whole games (all lives) scored with the game's own rewards, not the clipped ones."""
+    run_globals, steps = recorded_run(name, 1)
+    game_returns = episode_sums(steps, "game_reward", ("game_over", "truncated"))
+    # The run must tell the right returns apart from the wrong ones, or the test would prove nothing.
+    clipped_returns = episode_sums(steps, "clipped_reward", ("game_over", "truncated"))
+    per_life_returns = episode_sums(steps, "game_reward", ("life_lost", "truncated"))
+    assert len(game_returns) >= 3, game_returns
+    assert clipped_returns != game_returns and per_life_returns != game_returns
+    assert len(per_life_returns) > len(game_returns)
+
+    assert run_globals["episode_returns"] == game_returns
+    assert all(isinstance(value, float) for value in run_globals["episode_returns"])
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_reset_steps_are_masked_out_of_the_last_rollout(name, recorded_run):
+    """The step after an episode's end is envpool's reset step (its action is ignored): mask 0 there, 1 elsewhere."""
+    run_globals, steps = recorded_run(name, 1)
+    num_steps = int(RUN[RUN.index("--num-steps") + 1])
+    ended = np.stack([step["life_lost"] | step["truncated"] for step in steps]).astype(np.float32)
+    # Step k is a reset step when step k - 1 ended an episode; the last rollout is the last num_steps steps.
+    expected_mask = 1.0 - ended[-num_steps - 1 : -1]
+    if name == PLAIN:
+        mask = run_globals["b_mask"].reshape(num_steps, -1)
+    else:
+        mask = run_globals["rollout"]["mask"]
+    assert (expected_mask == 0).sum() >= 1, "no episode ended in the last rollout: the test proves nothing"
+    np.testing.assert_array_equal(mask.numpy(), expected_mask)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_same_seed_same_returns(name, recorded_run):
+    first = recorded_run(name, 1)[0]["episode_returns"]
+    second = run_in_process(name, *RUN, "--seed", 1)["episode_returns"]
+    assert len(first) >= 3, first
+    assert second == first
+    other = recorded_run(name, 2)[0]["episode_returns"]
+    assert len(other) >= 3, other
+    assert other != first
+
+
+def test_twin_run_matches_plain_run(recorded_run):
+    """Same seed and flags: the twin (eager) plays the same games and ends with the plain script's parameters.
+
+    Both draw the same random numbers in the same order and compute the same losses; float32 rounding differs
+    (fused Adam, the parallel-scan GAE) far below what could change a sampled action in so short a run.
+    """
+    plain_globals, plain_steps = recorded_run(PLAIN, 1)
+    twin_globals, twin_steps = recorded_run(TWIN, 1)
+    assert twin_globals["episode_returns"] == plain_globals["episode_returns"]
+    assert len(twin_steps) == len(plain_steps)
+    assert_leaves_close(params(twin_globals["ppo"]), params(plain_globals["ppo"]), "parameters at the end of the run")
+    assert_changed(params(build(load_script(PLAIN), seed=1)), params(plain_globals["ppo"]), "plain parameters")
+
+
+# --- 7. --results-path, and every flag combination of the twin on CPU ----------------------------------------------
+
+# 8 rollouts of 2 x 32 steps, more than measure_burnin (3 by default): sps is measured. Games end within 256 steps
+# per env under a near-uniform policy; a Breakout score is a whole number of at least 0 (a high bound: 10,000).
+TINY = TinyRun(
+    flags=("--env-id", "Breakout-v5", "--num-envs", "2", "--num-steps", "32", "--total-timesteps", "512"),
+    env_id="Breakout-v5",
+    total_timesteps=512,
+    return_range=(-1, 10_000),
+    env=ONE_THREAD,
+)
+
+
+def test_plain_results_line_is_appended(tmp_path):
+    check_plain_results_line_is_appended(PLAIN, "ppo_atari", tmp_path, tiny=TINY)
+
+
+def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
+    check_twin_runs_with_every_flag_combination(TWIN, "ppo_atari", tmp_path, tiny=TINY)
