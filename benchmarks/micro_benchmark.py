@@ -1,0 +1,208 @@
+"""Micro-benchmark: action selection and one update of each algorithm, eager against compile configurations.
+
+The pieces are the scripts' own (their `build_*` functions), timed in isolation on random inputs: action
+selection at batch 1, 4, 16 and 256, and one update at the training batch size. Each configuration gets a fresh
+copy of the script, so compiled code is never shared between configurations. Times are medians over repeats of
+many calls; the speed-up is against the plain script in eager mode.
+
+    python benchmarks/micro_benchmark.py                         # every algorithm, on CPU (and CUDA if present)
+    python benchmarks/micro_benchmark.py --algos sac --repeats 7 --out micro.md
+"""
+
+import argparse
+import importlib.util
+import itertools
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch._dynamo.config
+import torch._inductor.config
+from tensordict import TensorDict
+
+ROOT = Path(__file__).resolve().parent.parent
+OBS_DIM, ACTION_DIM = 17, 6  # HalfCheetah-v5
+ACTION_BATCHES = (1, 4, 16, 256)
+_module_counter = itertools.count()
+
+
+def load_script(name):
+    """A fresh module of leanrl/<name>.py (its own code objects, so its own compile caches)."""
+    path = ROOT / "leanrl" / f"{name}.py"
+    module_name = f"micro_{name}_{next(_module_counter)}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def replay_batch(batch_size, device):
+    return TensorDict(
+        observations=torch.randn(batch_size, OBS_DIM),
+        next_observations=torch.randn(batch_size, OBS_DIM),
+        actions=torch.rand(batch_size, ACTION_DIM) * 2 - 1,
+        rewards=torch.randn(batch_size),
+        terminations=(torch.rand(batch_size) < 0.1).float(),
+        batch_size=[batch_size],
+    ).to(device)
+
+
+def ppo_minibatch(batch_size, device):
+    return TensorDict(
+        obs=torch.randn(batch_size, OBS_DIM),
+        actions=torch.randn(batch_size, ACTION_DIM),
+        logprobs=torch.randn(batch_size) - 8,
+        advantages=torch.randn(batch_size),
+        returns=torch.randn(batch_size),
+        values=torch.randn(batch_size),
+        batch_size=[batch_size],
+    ).to(device)
+
+
+def off_policy_update(agent, batch, which):
+    """One training step's work: a critic update, an actor update and a target update."""
+    agent.update_critic(batch)
+    agent.update_actor(batch)
+    agent.update_targets()
+
+
+def ppo_update(agent, minibatch, which):
+    """One minibatch update; the twin takes the TensorDict, the plain script the tensors one by one."""
+    if which == "twin":
+        agent.update(minibatch)
+    else:
+        agent.update(*(minibatch[key] for key in ("obs", "actions", "logprobs", "advantages", "returns", "values")))
+
+
+def build_off_policy(builder):
+    def build(module, args, device):
+        low, high = -np.ones(ACTION_DIM, dtype=np.float32), np.ones(ACTION_DIM, dtype=np.float32)
+        return getattr(module, builder)(OBS_DIM, ACTION_DIM, low, high, args, device)
+
+    return build
+
+
+def build_ppo(module, args, device):
+    return module.build_ppo(OBS_DIM, ACTION_DIM, args, device)
+
+
+# algorithm -> plain script (the twin adds _torchcompile), builder, one training step's update, its batch size and
+# the maker of such a batch.
+ALGOS = {
+    "sac": ("sac_continuous_action", build_off_policy("build_sac"), off_policy_update, 256, replay_batch),
+    "td3": ("td3_continuous_action", build_off_policy("build_td3"), off_policy_update, 256, replay_batch),
+    "ppo_continuous": ("ppo_continuous_action", build_ppo, ppo_update, 64, ppo_minibatch),
+}
+
+# configuration -> (which script, the twin's flags, inductor options patched while compiling, device types).
+CONFIGS = {
+    "plain (eager)": ("plain", {}, {}, ("cpu", "cuda")),
+    "twin (eager)": ("twin", {}, {}, ("cpu", "cuda")),
+    "twin --compile": ("twin", {"compile": True}, {}, ("cpu", "cuda")),
+    "twin --compile, max-autotune": ("twin", {"compile": True}, {"max_autotune": True}, ("cpu", "cuda")),
+    "twin --compile, cpp_wrapper": ("twin", {"compile": True}, {"cpp_wrapper": True}, ("cpu", "cuda")),
+    "twin --compile --cudagraphs": ("twin", {"compile": True, "cudagraphs": True}, {}, ("cuda",)),
+}
+
+
+def time_per_call(fn, calls, repeats):
+    """Median seconds per call over `repeats` timed runs of `calls` calls (after the caller's warm-up)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / calls)
+    return statistics.median(times)
+
+
+def measure(algo, config, device, repeats):
+    """{(what, batch): seconds per call} for one algorithm, configuration and device."""
+    plain_name, build, update, train_batch, make_batch = ALGOS[algo]
+    which, flags, inductor_options, _ = CONFIGS[config]
+    module = load_script(plain_name if which == "plain" else f"{plain_name}_torchcompile")
+    torch.manual_seed(0)
+    agent = build(module, module.Args(**flags), device)
+    results = {}
+    # Compilation happens at the first calls, so the inductor options stay patched through the warm-up.
+    with torch._inductor.config.patch(inductor_options):
+        for batch in ACTION_BATCHES:
+            obs = torch.randn(batch, OBS_DIM, device=device)
+            for _ in range(10):  # compile and warm up (CUDA graphs are recorded after a few calls)
+                agent.policy(obs)
+            results[("act", batch)] = time_per_call(lambda obs=obs: agent.policy(obs), 200, repeats)
+        data = make_batch(train_batch, device)
+        for _ in range(10):
+            update(agent, data, which)
+        results[("update", train_batch)] = time_per_call(lambda: update(agent, data, which), 50, repeats)
+    return results
+
+
+def cpu_name():
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--devices", nargs="+", default=None, help="default: cpu, and cuda when present")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None, help="also write the markdown table to this file")
+    args = parser.parse_args()
+    if args.repeats <= 0:
+        parser.error("--repeats must be positive")
+    devices = args.devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    if "cuda" in devices and not torch.cuda.is_available():
+        parser.error("--devices cuda: no CUDA device here")
+    # Each batch size of action selection gets its own static graph, as in a real run (one batch size each).
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * len(ACTION_BATCHES))
+
+    machine = f"CPU: {cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
+    if "cuda" in devices:
+        machine += f"; GPU: {torch.cuda.get_device_name()}"
+    lines = [
+        f"{machine}; torch {torch.__version__}; median of {args.repeats} repeats",
+        "",
+        "| algorithm | device | measure | batch | configuration | us per call | calls/s | speed-up |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for algo, device_type in itertools.product(args.algos, devices):
+        device = torch.device(device_type)
+        configs = [config for config in args.configs if device_type in CONFIGS[config][3]]
+        measured = {}
+        for config in configs:
+            print(f"{algo} on {device_type}: {config}", flush=True)
+            measured[config] = measure(algo, config, device, args.repeats)
+        baseline = measured.get("plain (eager)")
+        for key in measured[configs[0]]:
+            for config in configs:
+                seconds = measured[config][key]
+                speedup = f"{baseline[key] / seconds:.2f}x" if baseline else "n/a"
+                lines.append(
+                    f"| {algo} | {device_type} | {key[0]} | {key[1]} | {config} | {seconds * 1e6:.0f} | "
+                    f"{1 / seconds:.0f} | {speedup} |"
+                )
+    table = "\n".join(lines)
+    print("\n" + table)
+    if args.out:
+        args.out.write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

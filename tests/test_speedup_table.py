@@ -1,0 +1,382 @@
+"""Tests of the speed-up table: benchmarks/speedup_table.py on hand-made results whose medians and ratios are known,
+and run.sh end to end: its options, its report of failed runs (on fake scripts that fail on purpose), and a
+--tiny run of every pair of leanrl/ (the CI mode of the README's table).
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import matplotlib.image
+import pytest
+from conftest import REPO_ROOT, SCRIPTS_DIR, describe
+
+TOOL = REPO_ROOT / "benchmarks" / "speedup_table.py"
+RUN_SH = REPO_ROOT / "run.sh"
+VARIANTS = ["plain", "twin", "twin+compile", "twin+cudagraphs", "twin+compile+cudagraphs"]
+VARIANT_SETTINGS = {  # variant -> (script suffix, compile, cudagraphs)
+    "plain": ("", False, False),
+    "twin": ("_torchcompile", False, False),
+    "twin+compile": ("_torchcompile", True, False),
+    "twin+cudagraphs": ("_torchcompile", False, True),
+    "twin+compile+cudagraphs": ("_torchcompile", True, True),
+}
+NUMBER = r"-?\d+\.\d"
+
+
+def result(script, algo, env_id, variant, seed, sps, final_return=-100.0, compile_seconds=1.0, device="cpu"):
+    """One results line as a script's --results-path writes it."""
+    suffix, compile_, cudagraphs = VARIANT_SETTINGS[variant]
+    return dict(script=f"{script}{suffix}.py", algo=algo, env_id=env_id, seed=seed, compile=compile_,
+                cudagraphs=cudagraphs, device=device, torch_version="2.13.0", total_timesteps=1000, sps=sps,
+                compile_seconds=compile_seconds, wall_seconds=10.0, final_return=final_return)  # fmt: skip
+
+
+def write_results(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def run_tool(*args):
+    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def markdown_table(text, title):
+    """{(algorithm, env): {column: cell}} of the table under the heading `### title` of speedup.md."""
+    section = text.split(f"### {title}\n", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    header, rule, *body = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    assert set("".join(rule)) == {"-"}, rule
+    return {(cells[0], cells[1]): dict(zip(header, cells, strict=True)) for cells in body}
+
+
+def assert_png(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    height, width, _ = matplotlib.image.imread(path).shape
+    assert height > 200 and width > 200, (height, width)
+
+
+# --- The table tool on hand-made results --------------------------------------------------------------------------
+
+HAND_MADE = [
+    # sac: three seeds (medians differ from means), the CPU variants only. sps: 85, 100, 190: 190 / 85 = 2.24.
+    *[result("sac_continuous_action", "sac", "HalfCheetah-v5", "plain", seed, sps, ret, cs)
+      for seed, sps, ret, cs in [(1, 100.0, -10.0, 0.1), (2, 80.0, 20.0, 0.6), (3, 85.0, 2.0, 0.2)]],
+    *[result("sac_continuous_action", "sac", "HalfCheetah-v5", "twin", seed, sps)
+      for seed, sps in [(1, 120.0), (2, 90.0), (3, 100.0)]],
+    *[result("sac_continuous_action", "sac", "HalfCheetah-v5", "twin+compile", seed, sps, 7.5, cs)
+      for seed, sps, cs in [(1, 260.0, 30.0), (2, 180.0, 8.0), (3, 190.0, 9.0)]],
+    # td3 on a GPU: two seeds (the median is the mean), every variant; the fastest is both flags: 300 / 60 = 5.
+    *[result("td3_continuous_action", "td3", "Pendulum-v1", variant, seed, sps, device="cuda:0")
+      for variant, both in [("plain", (50.0, 70.0)), ("twin", (60.0, 60.0)), ("twin+compile", (90.0, 110.0)),
+                            ("twin+cudagraphs", (130.0, 170.0)), ("twin+compile+cudagraphs", (290.0, 310.0))]
+      for seed, sps in zip((1, 2), both, strict=True)],
+    # ppo_continuous: the twin's run too short to measure sps; one of two compiled runs too. 400 / 200 = 2.
+    result("ppo_continuous_action", "ppo_continuous", "HalfCheetah-v5", "plain", 1, 200.0, final_return=None),
+    result("ppo_continuous_action", "ppo_continuous", "HalfCheetah-v5", "twin", 1, None),
+    result("ppo_continuous_action", "ppo_continuous", "HalfCheetah-v5", "twin+compile", 1, 400.0),
+    result("ppo_continuous_action", "ppo_continuous", "HalfCheetah-v5", "twin+compile", 2, None),
+    # ppo_atari: the plain script's run failed (no line), the twin ran.
+    result("ppo_atari_envpool", "ppo_atari", "Breakout-v5", "twin", 1, 300.0),
+]  # fmt: skip
+MACHINE = {"cpu": "Test CPU 9000", "cores": 64, "gpu": "Test GPU", "torch": "2.13.0", "torch_threads": 32}
+
+
+@pytest.fixture(scope="module")
+def hand_made_report(tmp_path_factory):
+    """The tool run once over HAND_MADE, with a machine.json and a failed.txt beside the results as run.sh leaves."""
+    folder = tmp_path_factory.mktemp("hand_made")
+    results = write_results(folder / "results.jsonl", HAND_MADE)
+    (folder / "machine.json").write_text(json.dumps(MACHINE))
+    (folder / "failed.txt").write_text("ppo_atari_envpool plain seed 1: exit 1, log logs/x.log\n")
+    out = folder / "report"
+    completed = run_tool(results, "--out", out)
+    assert completed.returncode == 0, describe(completed)
+    return out, (out / "speedup.md").read_text(), completed
+
+
+def test_sps_table_has_the_known_medians_ranges_and_speedups(hand_made_report):
+    _, text, _ = hand_made_report
+    table = markdown_table(text, "Training speed")
+    assert list(table) == [("sac", "HalfCheetah-v5"), ("td3", "Pendulum-v1"), ("ppo_continuous", "HalfCheetah-v5"),
+                           ("ppo_atari", "Breakout-v5")]  # fmt: skip
+    assert list(table["sac", "HalfCheetah-v5"]) == ["algorithm", "env", "steps", "seeds", *VARIANTS, "speed-up"]
+    assert table["sac", "HalfCheetah-v5"] == {
+        "algorithm": "sac", "env": "HalfCheetah-v5", "steps": "1000", "seeds": "3",
+        "plain": "85.0 [80.0, 100.0]", "twin": "100.0 [90.0, 120.0]", "twin+compile": "190.0 [180.0, 260.0]",
+        "twin+cudagraphs": "not run", "twin+compile+cudagraphs": "not run", "speed-up": "2.24x (twin+compile)",
+    }  # fmt: skip
+    td3 = table["td3", "Pendulum-v1"]
+    assert [td3[name] for name in VARIANTS] == [
+        "60.0 [50.0, 70.0]", "60.0", "100.0 [90.0, 110.0]", "150.0 [130.0, 170.0]", "300.0 [290.0, 310.0]"
+    ]  # fmt: skip
+    assert (td3["seeds"], td3["speed-up"]) == ("2", "5.00x (twin+compile+cudagraphs)")
+    ppo = table["ppo_continuous", "HalfCheetah-v5"]
+    assert (ppo["plain"], ppo["twin"], ppo["twin+compile"]) == ("200.0", "n/a", "400.0, 1x n/a")
+    assert ppo["speed-up"] == "2.00x (twin+compile)"
+    atari = table["ppo_atari", "Breakout-v5"]
+    assert (atari["plain"], atari["twin"], atari["speed-up"]) == ("not run", "300.0", "–")
+
+
+def test_return_and_warm_up_tables(hand_made_report):
+    _, text, _ = hand_made_report
+    returns = markdown_table(text, "Final return")
+    assert "speed-up" not in returns["sac", "HalfCheetah-v5"]
+    assert returns["sac", "HalfCheetah-v5"]["plain"] == "2.0 [-10.0, 20.0]"
+    assert returns["sac", "HalfCheetah-v5"]["twin+compile"] == "7.5"
+    assert returns["ppo_continuous", "HalfCheetah-v5"]["plain"] == "n/a"
+    warm_up = markdown_table(text, "Time to the steady state")
+    assert warm_up["sac", "HalfCheetah-v5"]["plain"] == "0.2 [0.1, 0.6]"
+    assert warm_up["sac", "HalfCheetah-v5"]["twin+compile"] == "9.0 [8.0, 30.0]"
+
+
+def test_header_names_the_machine_and_notes_name_what_is_missing(hand_made_report):
+    out, text, completed = hand_made_report
+    assert "Machine: Test CPU 9000, 64 cores (32 torch threads), GPU Test GPU" in text
+    assert "torch 2.13.0; runs on device cpu, cuda:0." in text
+    assert f"{len(HAND_MADE)} runs, seeds: 1, 2, 3" in text
+    notes = text.split("Notes:\n", 1)[1]
+    assert "2 run(s) too short to measure sps" in notes
+    assert "ppo_continuous twin seed 1" in notes and "ppo_continuous twin+compile seed 2" in notes
+    assert "failed, not in the tables: ppo_atari_envpool plain seed 1: exit 1, log logs/x.log" in notes
+    assert completed.stdout.strip() == f"table: {out / 'speedup.md'}"
+
+
+def test_plots_are_pngs(hand_made_report):
+    out, _, _ = hand_made_report
+    assert sorted(path.name for path in out.iterdir()) == ["final_return.png", "speedup.md", "sps.png"]
+    assert_png(out / "sps.png")
+    assert_png(out / "final_return.png")
+
+
+def test_defaults_write_beside_the_results_and_describe_this_machine(tmp_path):
+    """Without --out, the files go beside the results; without machine.json, this machine is described."""
+    results = write_results(tmp_path / "results.jsonl", HAND_MADE[:3])
+    completed = run_tool(results)
+    assert completed.returncode == 0, describe(completed)
+    text = (tmp_path / "speedup.md").read_text()
+    assert f"{os.cpu_count()} cores" in text and "not recorded with the results" in text
+    assert markdown_table(text, "Training speed")["sac", "HalfCheetah-v5"]["twin"] == "not run"
+    assert markdown_table(text, "Training speed")["sac", "HalfCheetah-v5"]["speed-up"] == "–"
+    assert_png(tmp_path / "sps.png")
+    assert "Notes:" not in text
+
+
+def test_repeated_runs_of_a_variant_are_kept_and_reported(tmp_path):
+    """A --cudagraphs run without CUDA records cudagraphs off: the tool counts it with the twin's, and says so."""
+    rows = [result("sac_continuous_action", "sac", "Pendulum-v1", "twin", 1, sps) for sps in (10.0, 30.0)]
+    results = write_results(tmp_path / "results.jsonl", rows)
+    completed = run_tool(results)
+    assert completed.returncode == 0, describe(completed)
+    text = (tmp_path / "speedup.md").read_text()
+    assert markdown_table(text, "Training speed")["sac", "Pendulum-v1"]["twin"] == "20.0 [10.0, 30.0]"
+    assert "sac on Pendulum-v1, twin, seed 1: 2 runs, all counted" in text
+    assert "2 runs, all counted" in completed.stderr
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (json.dumps(HAND_MADE[0]) + "\nnot json\n", ["line 2", "not a JSON object"]),
+        ('{"script": "a.py"}\n', ["line 1", "algo"]),
+        ("\n", ["no results"]),
+        (None, ["no results file"]),
+    ],
+    ids=["not-json", "missing-field", "empty", "missing-file"],
+)
+def test_bad_results_file_exits_2_with_one_line(tmp_path, content, words):
+    results = tmp_path / "results.jsonl"
+    if content is not None:
+        results.write_text(content)
+    completed = run_tool(results)
+    assert completed.returncode == 2, describe(completed)
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(word in lines[0] for word in words), lines
+    assert not (tmp_path / "speedup.md").exists()
+
+
+# --- run.sh: options, failures (on fake scripts), and a --tiny run of every pair ------------------------------------
+
+
+def run_sh(*args, env=None, script=RUN_SH, timeout=900):
+    full_env = {**os.environ, "PYTHON": sys.executable, **(env or {})}
+    return subprocess.run(
+        [str(script), *args], capture_output=True, text=True, env=full_env, cwd=script.parent, timeout=timeout
+    )
+
+
+def test_help_lists_the_options():
+    completed = run_sh("--help")
+    assert completed.returncode == 0, describe(completed)
+    for option in ["--quick", "--tiny", "--seeds", "--scripts", "--out", "--help"]:
+        assert option in completed.stdout, option
+    for variable in ["LEANRL_MODE", "LEANRL_SEEDS", "LEANRL_SCRIPTS", "LEANRL_OUT", "PYTHON"]:
+        assert variable in completed.stdout, variable
+    assert re.search(r"about \d+ minutes on 2 cores", completed.stdout), "no estimate of --quick's duration"
+
+
+@pytest.mark.parametrize(
+    "args, env, words",
+    [
+        (["--bogus"], {}, ["unknown option", "--bogus"]),
+        (["--seeds"], {}, ["--seeds needs a value"]),
+        (["--seeds", "1 x"], {}, ["seed", "'x'"]),
+        (["--seeds", " "], {}, ["no seeds"]),
+        (["--scripts", "no_such_script"], {}, ["no pair 'no_such_script'", "sac_continuous_action"]),
+        ([], {"LEANRL_MODE": "fast"}, ["LEANRL_MODE", "'fast'"]),
+    ],
+    ids=["unknown", "no-value", "bad-seed", "no-seed", "unknown-script", "bad-mode"],
+)
+def test_bad_option_exits_2_with_one_line(tmp_path, args, env, words):
+    out = tmp_path / "out"
+    completed = run_sh("--out", str(out), *args, env=env)
+    assert completed.returncode == 2, describe(completed)
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(word in lines[0] for word in words), lines
+    assert completed.stdout == ""
+    assert not out.exists(), "a bad option started a run"
+
+
+# A stand-in for a training script: it writes a results line (sps: 100 + seed, doubled with --compile) at once,
+# prints the flags it got, and fails on purpose when FAIL_IF holds.
+FAKE_SCRIPT = """import json, sys
+argv = sys.argv[1:]
+seed, compile_ = int(argv[argv.index("--seed") + 1]), "--compile" in argv
+print("flags:", " ".join(argv))
+if {fail_if}:
+    sys.exit("fake: broken on purpose")
+line = dict(script="{name}", algo="{algo}", env_id="Pendulum-v1", seed=seed, compile=compile_, cudagraphs=False,
+            device="cpu", torch_version="0", total_timesteps=300, sps=(100.0 + seed) * (1 + compile_),
+            compile_seconds=1.0, wall_seconds=1.0, final_return=-5.0)
+with open(argv[argv.index("--results-path") + 1], "a") as f:
+    f.write(json.dumps(line) + "\\n")
+"""
+
+
+@pytest.fixture
+def fake_repo(tmp_path):
+    """A copy of run.sh and the table tool beside a leanrl/ of fake pairs: td3 works; sac's twin fails with --compile;
+    a new pair has no budget in run.sh; a twin without its plain script and a plain script alone are no pairs."""
+    repo = tmp_path / "repo"
+    (repo / "benchmarks").mkdir(parents=True)
+    (repo / "leanrl").mkdir()
+    shutil.copy2(RUN_SH, repo / "run.sh")
+    shutil.copy2(TOOL, repo / "benchmarks" / "speedup_table.py")
+    fakes = {  # file name: (algo, fail_if)
+        "td3_continuous_action": ("td3", "False"),
+        "td3_continuous_action_torchcompile": ("td3", "False"),
+        "sac_continuous_action": ("sac", "False"),
+        "sac_continuous_action_torchcompile": ("sac", "compile_"),
+        "new_algo": ("new", "False"),
+        "new_algo_torchcompile": ("new", "False"),
+        "lonely_torchcompile": ("lonely", "False"),
+        "plain_only": ("plain_only", "False"),
+    }
+    for name, (algo, fail_if) in fakes.items():
+        (repo / "leanrl" / f"{name}.py").write_text(FAKE_SCRIPT.format(name=f"{name}.py", algo=algo, fail_if=fail_if))
+    return repo
+
+
+def test_failed_runs_are_reported_and_the_rest_still_make_the_table(fake_repo):
+    out = fake_repo / "runs" / "fake"
+    env = {"LEANRL_MODE": "tiny", "LEANRL_SEEDS": "1 2", "LEANRL_OUT": str(out)}
+    completed = run_sh(env=env, script=fake_repo / "run.sh", timeout=300)
+    assert completed.returncode == 1, describe(completed)
+    stdout = completed.stdout
+
+    # Three pairs x three CPU variants x two seeds, seed after seed, in the order of the files.
+    progress = re.findall(r"^\[(\d+)/(\d+)\] (\S+) (\S+) seed (\d+) \.\.\. (.*)$", stdout, re.MULTILINE)
+    assert [(int(n), int(total)) for n, total, *_ in progress] == [(n, 18) for n in range(1, 19)]
+    order = [(seed, script, variant) for _, _, script, variant, seed, _ in progress]
+    pairs = ["new_algo", "sac_continuous_action", "td3_continuous_action"]
+    variants = ["plain", "twin", "twin+compile"]
+    assert order == [(seed, s, v) for seed in "12" for s in pairs for v in variants]
+    outcome = {(seed, script, variant): text for _, _, script, variant, seed, text in progress}
+    assert re.fullmatch(r"204\.0 sps \(\d+ s\)", outcome["2", "td3_continuous_action", "twin+compile"])
+    assert outcome["1", "sac_continuous_action", "twin+compile"] == "FAILED (exit 1): fake: broken on purpose"
+    assert outcome["1", "new_algo", "plain"] == "FAILED: no tiny budget for new_algo in run.sh's budget table"
+
+    # The report at the end: 6 runs of new_algo and 2 of sac's compiled twin.
+    report = stdout.split("\n\n")[1].splitlines()
+    assert report[0] == "8 of 18 runs failed:"
+    assert (
+        "  sac_continuous_action twin+compile seed 2: exit 1, log logs/sac_continuous_action-twin-compile-seed2.log"
+        in report
+    )
+    assert sum("new_algo" in line for line in report) == 6
+    assert "table: " + str(out / "speedup.md") in stdout
+    assert (out / "failed.txt").read_text().splitlines() == [line.strip() for line in report[1:]]
+
+    # Every run got the budget flags and its seed; the failed run's log holds its message.
+    log = (out / "logs" / "td3_continuous_action-twin-compile-seed2.log").read_text()
+    assert "--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 200 --seed 2" in log
+    assert log.rstrip().endswith("--compile")
+    assert "broken on purpose" in (out / "logs" / "sac_continuous_action-twin-compile-seed1.log").read_text()
+
+    # The table is made of the runs that worked; the failed ones are named under it.
+    text = (out / "speedup.md").read_text()
+    table = markdown_table(text, "Training speed")
+    assert list(table) == [("sac", "Pendulum-v1"), ("td3", "Pendulum-v1")]
+    assert table["td3", "Pendulum-v1"]["twin+compile"] == "203.0 [202.0, 204.0]"
+    assert table["td3", "Pendulum-v1"]["speed-up"] == "2.00x (twin+compile)"
+    assert table["sac", "Pendulum-v1"]["twin+compile"] == "not run"
+    assert table["sac", "Pendulum-v1"]["speed-up"] == "1.00x (twin)"
+    assert "failed, not in the tables: sac_continuous_action twin+compile seed 1: exit 1" in text
+    assert_png(out / "sps.png")
+
+
+def test_scripts_option_runs_only_those(fake_repo):
+    out = fake_repo / "only_td3"
+    completed = run_sh("--tiny", "--scripts", "td3_continuous_action.py", "--out", "only_td3",
+                       script=fake_repo / "run.sh", timeout=300)  # fmt: skip
+    assert completed.returncode == 0, describe(completed)
+    assert re.findall(r"^\[\d+/(\d+)\] (\S+)", completed.stdout, re.MULTILINE) == [("3", "td3_continuous_action")] * 3
+    assert "all 3 runs succeeded" in completed.stdout
+    assert len((out / "results.jsonl").read_text().splitlines()) == 3
+    completed = run_sh("--tiny", "--out", "only_td3", script=fake_repo / "run.sh")
+    assert completed.returncode == 2 and "already holds a results.jsonl" in completed.stderr, describe(completed)
+
+
+def test_tiny_run_of_every_pair(tmp_path):
+    """CI's run of run.sh: every pair of leanrl/ in the CPU variants, one seed; the table has a number where a run was."""
+    pairs = sorted(path.name[: -len("_torchcompile.py")] for path in SCRIPTS_DIR.glob("*_torchcompile.py")
+                   if (SCRIPTS_DIR / path.name.replace("_torchcompile", "")).is_file())  # fmt: skip
+    assert len(pairs) >= 3, pairs
+    out = tmp_path / "tiny"
+    completed = run_sh("--tiny", "--out", str(out))
+    assert completed.returncode == 0, describe(completed)
+    lines = completed.stdout.splitlines()
+
+    runs = 3 * len(pairs)
+    assert len([line for line in lines if line.startswith("[")]) == runs
+    for n in range(1, runs + 1):
+        assert any(line.startswith(f"[{n}/{runs}] ") and line.endswith(" s)") for line in lines), n
+    before_the_table = lines[: lines.index(f"all {runs} runs succeeded")]
+    skipped = [line for line in before_the_table if "cudagraphs" in line]
+    assert len(skipped) == 1 and "skip" in skipped[0], skipped
+    assert not (out / "failed.txt").exists()
+    assert (
+        f"table: {out / 'speedup.md'}, plots: {out / 'sps.png'} {out / 'final_return.png'}, logs: {out / 'logs'}/"
+        in lines
+    )
+
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(row["script"] for row in results) == sorted(
+        f"{pair}{suffix}.py" for pair in pairs for suffix in ("", "_torchcompile", "_torchcompile")
+    )
+    assert len(list((out / "logs").glob("*.log"))) == runs
+
+    table = markdown_table((out / "speedup.md").read_text(), "Training speed")
+    assert sorted(algo for algo, _ in table) == sorted({row["algo"] for row in results})
+    assert len(table) == len(pairs)
+    for row in table.values():
+        for name in ["plain", "twin", "twin+compile"]:
+            assert re.fullmatch(NUMBER, row[name]), row
+        assert row["twin+cudagraphs"] == row["twin+compile+cudagraphs"] == "not run", row
+        assert re.fullmatch(r"\d+\.\d\dx \(twin(\+compile)?\)", row["speed-up"]), row
+    assert_png(out / "sps.png")
+    assert_png(out / "final_return.png")
