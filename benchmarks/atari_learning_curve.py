@@ -69,6 +69,7 @@ def main():
     parser.add_argument("--no-compile", action="store_true", help="run the twin without --compile")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "breakout_ppo_500k.png")
     args = parser.parse_args()
+    command = " ".join(["python", "benchmarks/atari_learning_curve.py", *sys.argv[1:]])
 
     made = []
     real_make = envpool.make
@@ -102,7 +103,7 @@ def main():
     ax.axhline(np.mean(random_scores), color="tab:red", ls="--", label=f"random policy ({args.random_games} games)")
     ax.set_xlabel("environment steps (8 envs, 4 frames skipped per step)")
     ax.set_ylabel("game score (unclipped, all lives)")
-    ax.set_title(f"{args.script}.py {' '.join(flags[4:])} on {args.env_id}, seed {args.seed}")
+    ax.set_title(f"{args.script}.py {' '.join(flags[6:])} on {args.env_id}, seed {args.seed}")
     ax.legend(loc="upper left")
     ax.grid(alpha=0.3)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -110,7 +111,7 @@ def main():
     fig.savefig(args.out, dpi=120)
 
     summary = {
-        "command": " ".join(["python", "benchmarks/atari_learning_curve.py", *sys.argv[1:]]),
+        "command": command,
         "script": f"{args.script}.py",
         "flags": flags,
         "games": len(scores),
@@ -119,6 +120,7 @@ def main():
         "random_policy_games": len(random_scores),
         "wall_seconds": wall_seconds,
         "plot": str(args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out),
+        "games_steps_and_scores": [[int(step), float(score)] for step, score in zip(steps, scores, strict=True)],
     }
     args.out.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
