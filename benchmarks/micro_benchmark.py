@@ -13,7 +13,6 @@ import argparse
 import importlib.util
 import itertools
 import os
-import platform
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 import torch._dynamo.config
 import torch._inductor.config
+from speedup_table import cpu_name  # benchmarks/ is on the path when this file runs
 from tensordict import TensorDict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,16 +144,6 @@ def measure(algo, config, device, repeats):
             update(agent, data, which)
         results[("update", train_batch)] = time_per_call(lambda: update(agent, data, which), 50, repeats)
     return results
-
-
-def cpu_name():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main():
