@@ -5,6 +5,10 @@ selection at batch 1, 4, 16 and 256, and one update at the training batch size. 
 copy of the script, so compiled code is never shared between configurations. Times are medians over repeats of
 many calls; the speed-up is against the plain script in eager mode.
 
+A second table puts each update next to its matmul floor, measured in the same run: the matrix products that the
+twin's update makes (recorded with their shapes and strides) replayed alone on random tensors. Their FLOPs divided
+by that time is this machine's fp32 matmul rate at those shapes; an update cannot run faster than its floor.
+
     python benchmarks/micro_benchmark.py                         # every algorithm, on CPU (and CUDA if present)
     python benchmarks/micro_benchmark.py --algos sac --repeats 7 --out micro.md
 """
@@ -24,6 +28,8 @@ import torch._dynamo.config
 import torch._inductor.config
 from speedup_table import cpu_name  # benchmarks/ is on the path when this file runs
 from tensordict import TensorDict
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parent.parent
 OBS_DIM, ACTION_DIM = 17, 6  # HalfCheetah-v5
@@ -146,6 +152,53 @@ def measure(algo, config, device, repeats):
     return results
 
 
+MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+
+class MatmulRecorder(TorchDispatchMode):
+    """Notes every matrix product made under it: the op, and the shape and strides of each tensor argument."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in MATMULS:
+            layouts = [(a.shape, a.stride()) if isinstance(a, torch.Tensor) else a for a in args]
+            self.calls.append((func, layouts, kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def matmul_floor(algo, device, repeats):
+    """(FLOPs, seconds) of the matrix products of one update of the eager twin, replayed alone."""
+    plain_name, build, update, train_batch, make_batch = ALGOS[algo]
+    module = load_script(f"{plain_name}_torchcompile")
+    torch.manual_seed(0)
+    agent = build(module, module.Args(), device)
+    data = make_batch(train_batch, device)
+    for _ in range(3):
+        update(agent, data, "twin")
+    with FlopCounterMode(display=False) as flop_counter, MatmulRecorder() as recorder:
+        update(agent, data, "twin")
+
+    def random_tensor(shape, stride):
+        storage_size = 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
+        return torch.randn(storage_size, device=device).as_strided(shape, stride)
+
+    replay = [
+        (func, [random_tensor(*a) if isinstance(a, tuple) else a for a in layouts], kwargs)
+        for func, layouts, kwargs in recorder.calls
+    ]
+
+    def run_matmuls():
+        for func, args, kwargs in replay:
+            func(*args, **kwargs)
+
+    for _ in range(10):
+        run_matmuls()
+    return flop_counter.get_total_flops(), time_per_call(run_matmuls, 50, repeats)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
@@ -172,6 +225,7 @@ def main():
         "| algorithm | device | measure | batch | configuration | us per call | calls/s | speed-up |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    floors = {}  # (algo, device type) -> the matmul floor and the update times it is compared with
     for algo, device_type in itertools.product(args.algos, devices):
         device = torch.device(device_type)
         configs = [config for config in args.configs if device_type in CONFIGS[config][3]]
@@ -179,6 +233,10 @@ def main():
         for config in configs:
             print(f"{algo} on {device_type}: {config}", flush=True)
             measured[config] = measure(algo, config, device, args.repeats)
+        print(f"{algo} on {device_type}: matmul floor", flush=True)
+        update_key = ("update", ALGOS[algo][3])
+        floors[(algo, device_type)] = {config: measured[config][update_key] for config in configs}
+        floors[(algo, device_type)]["floor"] = matmul_floor(algo, device, args.repeats)
         baseline = measured.get("plain (eager)")
         for key in measured[configs[0]]:
             for config in configs:
@@ -188,6 +246,21 @@ def main():
                     f"| {algo} | {device_type} | {key[0]} | {key[1]} | {config} | {seconds * 1e6:.0f} | "
                     f"{1 / seconds:.0f} | {speedup} |"
                 )
+    if "plain (eager)" in args.configs and "twin --compile" in args.configs:
+        lines += [
+            "",
+            "| algorithm | device | update batch | GFLOP per update | matmul floor (us) | GFLOP/s at these shapes |"
+            " plain (eager) (us) | twin --compile (us) | twin --compile / floor |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for (algo, device_type), measured in floors.items():
+            flops, floor = measured["floor"]
+            train_batch = ALGOS[algo][3]
+            plain, twin = measured["plain (eager)"], measured["twin --compile"]
+            lines.append(
+                f"| {algo} | {device_type} | {train_batch} | {flops / 1e9:.3f} | {floor * 1e6:.0f} | "
+                f"{flops / floor / 1e9:.0f} | {plain * 1e6:.0f} | {twin * 1e6:.0f} | {twin / floor:.2f}x |"
+            )
     table = "\n".join(lines)
     print("\n" + table)
     if args.out:
