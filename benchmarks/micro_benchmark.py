@@ -2,12 +2,14 @@
 
 The pieces are the scripts' own (their `build_*` functions), timed in isolation on random inputs: action
 selection at batch 1, 4, 16 and 256, and one update at the training batch size. Each configuration gets a fresh
-copy of the script, so compiled code is never shared between configurations. Times are medians over repeats of
-many calls; the speed-up is against the plain script in eager mode.
+copy of the script, so compiled code is never shared between configurations. All configurations are compiled
+first, then timed in turn within each repeat (a slow spell of a shared machine hits them alike); times are medians
+over the repeats of many calls each, and the speed-up is against the plain script in eager mode.
 
 A second table puts each update next to its matmul floor, measured in the same run: the matrix products that the
 twin's update makes (recorded with their shapes and strides) replayed alone on random tensors. Their FLOPs divided
-by that time is this machine's fp32 matmul rate at those shapes; an update cannot run faster than its floor.
+by that time is this machine's fp32 matmul rate at those shapes; the floor is what the update would take if it
+did nothing but multiply matrices.
 
     python benchmarks/micro_benchmark.py                         # every algorithm, on CPU (and CUDA if present)
     python benchmarks/micro_benchmark.py --algos sac --repeats 7 --out micro.md
@@ -117,39 +119,38 @@ CONFIGS = {
 }
 
 
-def time_per_call(fn, calls, repeats):
-    """Median seconds per call over `repeats` timed runs of `calls` calls (after the caller's warm-up)."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) / calls)
-    return statistics.median(times)
+CALLS_PER_TIMING = {"act": 200, "update": 50, "matmul floor": 50}  # calls per timed run, by measure
 
 
-def measure(algo, config, device, repeats):
-    """{(what, batch): seconds per call} for one algorithm, configuration and device."""
+def time_per_call(fn, calls):
+    """Seconds per call over one timed run of `calls` calls (after the caller's warm-up)."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls
+
+
+def prepare(algo, config, device):
+    """{(measure, batch): a call to time} for one algorithm, configuration and device, compiled and warmed up."""
     plain_name, build, update, train_batch, make_batch = ALGOS[algo]
     which, flags, inductor_options, _ = CONFIGS[config]
     module = load_script(plain_name if which == "plain" else f"{plain_name}_torchcompile")
     torch.manual_seed(0)
     agent = build(module, module.Args(**flags), device)
-    results = {}
+    calls = {}
     # Compilation happens at the first calls, so the inductor options stay patched through the warm-up.
     with torch._inductor.config.patch(inductor_options):
         for batch in ACTION_BATCHES:
             obs = torch.randn(batch, OBS_DIM, device=device)
-            for _ in range(10):  # compile and warm up (CUDA graphs are recorded after a few calls)
-                agent.policy(obs)
-            results[("act", batch)] = time_per_call(lambda obs=obs: agent.policy(obs), 200, repeats)
+            calls[("act", batch)] = lambda obs=obs: agent.policy(obs)
         data = make_batch(train_batch, device)
-        for _ in range(10):
-            update(agent, data, which)
-        results[("update", train_batch)] = time_per_call(lambda: update(agent, data, which), 50, repeats)
-    return results
+        calls[("update", train_batch)] = lambda: update(agent, data, which)
+        for call in calls.values():
+            for _ in range(10):  # compile and warm up (CUDA graphs are recorded after a few calls)
+                call()
+    return calls
 
 
 MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
@@ -169,8 +170,8 @@ class MatmulRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def matmul_floor(algo, device, repeats):
-    """(FLOPs, seconds) of the matrix products of one update of the eager twin, replayed alone."""
+def prepare_matmul_floor(algo, device):
+    """(FLOPs, a call that replays alone the matrix products of one update of the eager twin)."""
     plain_name, build, update, train_batch, make_batch = ALGOS[algo]
     module = load_script(f"{plain_name}_torchcompile")
     torch.manual_seed(0)
@@ -196,7 +197,29 @@ def matmul_floor(algo, device, repeats):
 
     for _ in range(10):
         run_matmuls()
-    return flop_counter.get_total_flops(), time_per_call(run_matmuls, 50, repeats)
+    return flop_counter.get_total_flops(), run_matmuls
+
+
+def measure(algo, configs, device, repeats):
+    """{configuration: {(measure, batch): median seconds per call}}, and the update's FLOPs.
+
+    Every configuration is compiled first; then each repeat times every call of every configuration in turn,
+    the matmul floor among them, so that a slow spell of a shared machine hits all of them alike.
+    """
+    calls = {}
+    for config in configs:
+        print(f"{algo} on {device.type}: compiling and warming up {config}", flush=True)
+        calls[config] = prepare(algo, config, device)
+    flops, run_matmuls = prepare_matmul_floor(algo, device)
+    calls["matmul floor"] = {("matmul floor", ALGOS[algo][3]): run_matmuls}
+    times = {config: {key: [] for key in config_calls} for config, config_calls in calls.items()}
+    for repeat in range(repeats):
+        print(f"{algo} on {device.type}: timing, repeat {repeat + 1} of {repeats}", flush=True)
+        for config, config_calls in calls.items():
+            for key, call in config_calls.items():
+                times[config][key].append(time_per_call(call, CALLS_PER_TIMING[key[0]]))
+    medians = {config: {key: statistics.median(t) for key, t in by_key.items()} for config, by_key in times.items()}
+    return medians, flops
 
 
 def main():
@@ -225,18 +248,17 @@ def main():
         "| algorithm | device | measure | batch | configuration | us per call | calls/s | speed-up |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    floors = {}  # (algo, device type) -> the matmul floor and the update times it is compared with
+    floors = {}  # (algo, device type) -> (FLOPs, floor, {configuration: update seconds})
     for algo, device_type in itertools.product(args.algos, devices):
         device = torch.device(device_type)
         configs = [config for config in args.configs if device_type in CONFIGS[config][3]]
-        measured = {}
-        for config in configs:
-            print(f"{algo} on {device_type}: {config}", flush=True)
-            measured[config] = measure(algo, config, device, args.repeats)
-        print(f"{algo} on {device_type}: matmul floor", flush=True)
-        update_key = ("update", ALGOS[algo][3])
-        floors[(algo, device_type)] = {config: measured[config][update_key] for config in configs}
-        floors[(algo, device_type)]["floor"] = matmul_floor(algo, device, args.repeats)
+        measured, flops = measure(algo, configs, device, args.repeats)
+        train_batch = ALGOS[algo][3]
+        floors[(algo, device_type)] = (
+            flops,
+            measured.pop("matmul floor")[("matmul floor", train_batch)],
+            {config: measured[config][("update", train_batch)] for config in configs},
+        )
         baseline = measured.get("plain (eager)")
         for key in measured[configs[0]]:
             for config in configs:
@@ -250,16 +272,14 @@ def main():
         lines += [
             "",
             "| algorithm | device | update batch | GFLOP per update | matmul floor (us) | GFLOP/s at these shapes |"
-            " plain (eager) (us) | twin --compile (us) | twin --compile / floor |",
-            "|---|---|---|---|---|---|---|---|---|",
+            " plain (eager), us (x floor) | twin --compile, us (x floor) |",
+            "|---|---|---|---|---|---|---|---|",
         ]
-        for (algo, device_type), measured in floors.items():
-            flops, floor = measured["floor"]
-            train_batch = ALGOS[algo][3]
-            plain, twin = measured["plain (eager)"], measured["twin --compile"]
+        for (algo, device_type), (flops, floor, updates) in floors.items():
+            plain, twin = updates["plain (eager)"], updates["twin --compile"]
             lines.append(
-                f"| {algo} | {device_type} | {train_batch} | {flops / 1e9:.3f} | {floor * 1e6:.0f} | "
-                f"{flops / floor / 1e9:.0f} | {plain * 1e6:.0f} | {twin * 1e6:.0f} | {twin / floor:.2f}x |"
+                f"| {algo} | {device_type} | {ALGOS[algo][3]} | {flops / 1e9:.3f} | {floor * 1e6:.0f} | "
+                f"{flops / floor / 1e9:.0f} | {plain * 1e6:.0f} ({plain / floor:.2f}x) | {twin * 1e6:.0f} ({twin / floor:.2f}x) |"
             )
     table = "\n".join(lines)
     print("\n" + table)

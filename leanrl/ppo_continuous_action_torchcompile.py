@@ -169,7 +169,9 @@ class Agent(nn.Module):
         action_std = self.actor_logstd.expand_as(action_mean).exp()
         probs = Normal(action_mean, action_std, validate_args=False)  # no argument checks: they sync with the host
         if action is None:
-            action = probs.sample()
+            # What probs.sample() draws (mean + std * N(0, 1), the same numbers), as ops the compiler fuses: under
+            # torch.compile, sample()'s torch.normal runs through a slow Python fallback (50 us per call on CPU).
+            action = action_mean + action_std * torch.randn_like(action_mean)
         return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
 
 

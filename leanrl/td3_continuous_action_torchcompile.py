@@ -255,12 +255,14 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
             torch._dynamo.config.trace_autograd_ops = True
         # TensorDictParams' lock is not enforced inside compiled code; tensordict says so on every run.
         warnings.filterwarnings("ignore", message=r"Using lock_\(\) inside a compiled graph")
-        # Compiled: fused kernels instead of one Python dispatch per op. On CPU the noise comes from ATen's generator
+        # Compiled: fused kernels instead of one Python dispatch per op. On CPU, the graphs are called from generated
+        # C++ instead of Python (cpp_wrapper: 7% off an update here), and the noise comes from ATen's generator
         # (fallback_random): inductor's own random kernel there takes ~0.1 ms for a batch's 1536 draws.
-        critic_backward = torch.compile(critic_backward, options={"fallback_random": device.type == "cpu"})
-        actor_backward = torch.compile(actor_backward)
+        on_cpu = device.type == "cpu"
+        critic_backward = torch.compile(critic_backward, options={"cpp_wrapper": on_cpu, "fallback_random": on_cpu})
+        actor_backward = torch.compile(actor_backward, options={"cpp_wrapper": on_cpu})
         # On CPU, acting stays eager: one observation through three small layers is faster than a compiled call.
-        if device.type != "cpu":
+        if not on_cpu:
             policy = torch.compile(policy)
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
