@@ -23,10 +23,8 @@ Modes (each run's budget flags are in the budget table near the top of run.sh):
                      neither the random warm-up nor the 3 burn-in iterations): SAC 5000 random + 1500
                      training steps, TD3 25000 random (the default; a few seconds) + 1500, PPO 3 + 3
                      rollouts (continuous: 2048 steps each; Atari: 8 envs x 128). Default 3 seeds: 36 runs on
-                     a CPU, about 17 minutes on 2 cores (5 per seed, 7 for the first, whose compiles find
-                     a cold cache), estimated from speeds measured on such a machine: SAC 78 sps plain,
-                     150 compiled; TD3 150, 220; PPO 1100; Atari PPO 160; 5 s start-up per run; 5-35 s
-                     of compile per compiled run.
+                     a CPU, about 12 minutes on 2 cores (measured: 11 min 12 s and 11 min 31 s on a 2-core
+                     Xeon VM with a warm compile cache; a cold cache adds 20-30 s per compiled twin).
   --tiny             a few hundred steps per run on small envs, seed 1: checks that everything runs (CI);
                      its speeds mean nothing.
 Options (an environment variable of the same meaning in brackets; the option wins):
