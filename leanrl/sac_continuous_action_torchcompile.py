@@ -146,7 +146,8 @@ class Actor(nn.Module):
     def get_action(self, x):
         mean, log_std = self(x)
         std = log_std.exp()
-        normal = torch.distributions.Normal(mean, std)
+        # No argument checks: they read a tensor on the host, which a CUDA graph cannot capture.
+        normal = torch.distributions.Normal(mean, std, validate_args=False)
         x_t = normal.rsample()  # reparameterization trick (mean + std * N(0,1))
         y_t = torch.tanh(x_t)
         action = y_t * self.action_scale + self.action_bias
