@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # The CUDA checklist of the project in one command, in stages that each fit in ten minutes:
 #
-#   benchmarks/gpu_check.sh OUT_DIR [STAGE ...]       (stages: smoke tests speedup micro; default: all four)
+#   benchmarks/gpu_check.sh OUT_DIR [STAGE ...]
 #
+# Stages, in the order given (default: smoke tests speedup:1 speedup:2 speedup:3 table micro profile):
 #   smoke    every twin on CUDA with no flag, --compile, --cudagraphs and both, then every plain script, on the
 #            full runs' envs for a few thousand steps, with TORCH_LOGS=recompiles: a crash, a recompile after
 #            the warm-up or a missing results line is reported as FAILED (logs in OUT_DIR/smoke/).
 #   tests    python -m pytest tests: the CPU suite and its CUDA cases (OUT_DIR/pytest.log).
-#   speedup  ./run.sh --quick on this machine: the speed-up table and plots (OUT_DIR/speedup/).
-#   micro    benchmarks/micro_benchmark.py on CUDA: action selection at batch 1-256 and the updates
-#            (OUT_DIR/micro_cuda.md).
+#   speedup:S  ./run.sh --quick for seed S, every pair and variant (OUT_DIR/speedup-seedS/). One seed is one
+#            stage: on an H100 machine (16 cores), 17 of a seed's 20 runs took 9 minutes with a cold compile
+#            cache, about 12 s of each run being the imports of torch and the envs.
+#   table    the speed-up table and plots of every speedup:S stage run so far (OUT_DIR/speedup/).
+#   micro    benchmarks/micro_benchmark.py on CUDA: action selection at batch 1-256 and the updates, eager,
+#            compiled, compiled and captured (OUT_DIR/micro_cuda.md).
+#   profile  each twin with --compile --cudagraphs under cProfile, on the full runs' env: the 30 functions with
+#            the most own time (OUT_DIR/profile/<script>.txt); profile:X profiles the pair X alone.
 #
 # It needs the project's dependencies (requirements/requirements-dev.txt) and a CUDA device. On an offline
 # machine whose python3 has torch, unpack what ../shared/gpu/pack-deps.sh packed first:
@@ -18,13 +24,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke|tests|speedup|micro ...]" >&2; exit 2; }
+(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke|tests|speedup:SEED|table|micro|profile ...]" >&2; exit 2; }
 out=$1
 shift
 stages=("$@")
-((${#stages[@]})) || stages=(smoke tests speedup micro)
+((${#stages[@]})) || stages=(smoke tests speedup:1 speedup:2 speedup:3 table micro profile)
 for stage in "${stages[@]}"; do
-  case $stage in smoke | tests | speedup | micro) ;; *) echo "gpu_check: unknown stage '$stage'" >&2; exit 2 ;; esac
+  [[ $stage =~ ^(smoke|tests|speedup:[0-9]+|table|micro|profile(:[a-z_]+)?)$ ]] ||
+    { echo "gpu_check: unknown stage '$stage'" >&2; exit 2; }
 done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -85,13 +92,49 @@ smoke() {
   cat "$out"/smoke/*.jsonl >"$out/smoke.jsonl"
 }
 
+# Budgets of the profiles: a few thousand steps past the compile, so that the steady state dominates.
+profile_flags() {
+  case $1 in
+    sac_continuous_action | td3_continuous_action) echo "--total-timesteps 11000 --learning-starts 5000" ;;
+    ppo_continuous_action) echo "--total-timesteps 40960" ;;
+    ppo_atari_envpool) echo "--total-timesteps 81920" ;;
+  esac
+}
+
+profile() { # $@: the pairs, named by their plain script
+  mkdir -p "$out/profile"
+  for script in "$@"; do
+    read -ra budget <<<"$(profile_flags "$script")"
+    "$python" -m cProfile -o "$out/profile/$script.prof" "leanrl/${script}_torchcompile.py" "${budget[@]}" \
+      --compile --cudagraphs >"$out/profile/$script.log" 2>&1 || { echo "FAILED profile of $script"; status=1; }
+    "$python" -c 'import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats("tottime").print_stats(30)' \
+      "$out/profile/$script.prof" >"$out/profile/$script.txt"
+    echo "$script: $(tr '\r' '\n' <"$out/profile/$script.log" | grep -v '^\s*$' | tail -n 1)"
+  done
+}
+
 for stage in "${stages[@]}"; do
   echo "=== $stage ($(date +%H:%M:%S))"
   case $stage in
     smoke) smoke ;;
     tests) "$python" -m pytest tests -q -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -n 40 || status=1 ;;
-    speedup) PYTHON=$python ./run.sh --quick --out "$out/speedup" || status=1 ;;
-    micro) "$python" benchmarks/micro_benchmark.py --devices cuda --out "$out/micro_cuda.md" || status=1 ;;
+    speedup:*)
+      seed=${stage#speedup:}
+      rm -rf "$out/speedup-seed$seed"
+      PYTHON=$python ./run.sh --quick --seeds "$seed" --out "$out/speedup-seed$seed" || status=1
+      ;;
+    table)
+      mkdir -p "$out/speedup"
+      cat "$out"/speedup-seed*/results.jsonl >"$out/speedup/results.jsonl"
+      cp "$(ls "$out"/speedup-seed*/machine.json | head -n 1)" "$out/speedup/machine.json"
+      "$python" benchmarks/speedup_table.py "$out/speedup/results.jsonl" && cat "$out/speedup/speedup.md" || status=1
+      ;;
+    micro)
+      "$python" benchmarks/micro_benchmark.py --devices cuda --repeats 3 --out "$out/micro_cuda.md" \
+        --configs "plain (eager)" "twin (eager)" "twin --compile" "twin --compile --cudagraphs" || status=1
+      ;;
+    profile) profile sac_continuous_action td3_continuous_action ppo_continuous_action ppo_atari_envpool ;;
+    profile:*) profile "${stage#profile:}" ;;
   esac
 done
 echo "=== done ($(date +%H:%M:%S)), status $status"

@@ -144,7 +144,9 @@ def prepare(algo, config, device):
     with torch._inductor.config.patch(inductor_options):
         for batch in ACTION_BATCHES:
             obs = torch.randn(batch, OBS_DIM, device=device)
-            calls[("act", batch)] = lambda obs=obs: agent.policy(obs)
+            # A CUDA graph replays one input shape: each batch size gets an agent (and a graph) of its own.
+            actor = build(module, module.Args(**flags), device) if flags.get("cudagraphs") else agent
+            calls[("act", batch)] = lambda obs=obs, actor=actor: actor.policy(obs)
         data = make_batch(train_batch, device)
         calls[("update", train_batch)] = lambda: update(agent, data, which)
         for call in calls.values():
