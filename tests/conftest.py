@@ -6,6 +6,8 @@ Three ways to exercise a script, all through its stable interface:
 - run_script(name, *flags): run it as a user would, in a subprocess; returns the CompletedProcess.
 - run_in_process(name, *flags): run its `__main__` block in this process; returns its globals
   (e.g. `episode_returns`).
+Both run on the CPU unless the caller passes cuda=True, also on a machine with a GPU: the generic checks (results
+line, determinism, learning thresholds) are written for the CPU. The CUDA cases are marked `requires_cuda`.
 """
 
 import ast
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS_DIR = REPO_ROOT / "leanrl"
@@ -79,9 +81,14 @@ def load_script(name):
     return module
 
 
-def run_script(name, *flags, timeout=DEFAULT_TIMEOUT_S, env=None):
-    """Run a script in a subprocess from the repository root; returns the CompletedProcess (text, captured)."""
+def run_script(name, *flags, timeout=DEFAULT_TIMEOUT_S, env=None, cuda=False):
+    """Run a script in a subprocess from the repository root; returns the CompletedProcess (text, captured).
+
+    Without cuda=True the subprocess sees no GPU (CUDA_VISIBLE_DEVICES=""), so it runs on the CPU on any machine.
+    """
     full_env = dict(os.environ)
+    if not cuda:
+        full_env["CUDA_VISIBLE_DEVICES"] = ""
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, str(script_path(name)), *map(str, flags)],
@@ -112,13 +119,14 @@ def _time_limit(seconds, what):
         signal.signal(signal.SIGALRM, previous)
 
 
-def run_in_process(name, *flags, timeout=DEFAULT_TIMEOUT_S):
+def run_in_process(name, *flags, timeout=DEFAULT_TIMEOUT_S, cuda=False):
     """Run a script's `__main__` block in this process with these flags; returns the script's globals.
 
+    Without cuda=True the run gets --no-cuda: it runs on the CPU on any machine.
     A script that exits (bad flags, non-finite loss) fails the calling test with its exit code.
     """
     path = script_path(name)
-    argv = [str(path), *map(str, flags)]
+    argv = [str(path), *map(str, flags), *(() if cuda else ("--no-cuda",))]
     saved_argv = sys.argv
     sys.argv = argv
     try:
@@ -128,6 +136,32 @@ def run_in_process(name, *flags, timeout=DEFAULT_TIMEOUT_S):
         pytest.fail(f"{' '.join(argv)} exited with {exit_.code!r}")
     finally:
         sys.argv = saved_argv
+
+
+# --- Running the suite on several workers (pytest-xdist: `-n auto`) --------------------------------------------
+#
+# Most tests keep one core busy (compiling, stepping an env, small matmuls): a worker per core runs the suite about
+# twice as fast on 2 cores. Each worker, and every run it starts, gets its share of the cores as threads: more
+# threads than cores make OpenMP's threads wait for one another, several times slower.
+# The longest tests (learning runs, every flag combination, run.sh) start first so that no worker is left with one
+# at the end; their names are matched by these prefixes, longest first.
+LONGEST_FIRST = ("test_learns", "test_tiny_run_of_every_pair", "test_twin_runs_with_every_flag_combination")
+
+
+def pytest_configure(config):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # the runs this worker starts inherit it
+        torch.set_num_threads(threads)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        prefixes = [index for index, prefix in enumerate(LONGEST_FIRST) if item.name.startswith(prefix)]
+        return prefixes[0] if prefixes else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the rest keep their order
 
 
 @pytest.fixture(autouse=True)
@@ -180,14 +214,46 @@ def field_default(field):
     return dataclasses.MISSING
 
 
+# --- Devices ------------------------------------------------------------------------------------------------------
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# The equivalence tests run on each device: `@pytest.mark.parametrize("device", DEVICES)`.
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=requires_cuda)]
+
+
+@pytest.fixture(autouse=True)
+def _float32_on_cuda():
+    """Full float32 matmuls and convolutions on CUDA (cuDNN uses TF32 by default): the equivalence tests compare
+    float32 computations; TF32 keeps 10 bits of mantissa, which two convolution algorithms would round differently."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 # --- Generic helpers for the tests of a script pair (the update functions, flags and runs of any algorithm) ---
 
 
 @pytest.fixture
-def inductor_fallback_random():
-    """Random ops inside compiled code draw from the eager generator, so seeded samples match eager ones."""
+def inductor_fallback_random(monkeypatch):
+    """Random ops inside compiled code draw from the eager generator, so seeded samples match eager ones.
+
+    Also where a script passes fallback_random in torch.compile's own options (TD3's twin turns it off on CUDA):
+    those options would override the global setting.
+    """
     import torch._inductor.config as inductor_config
 
+    compile_ = torch.compile
+
+    def compile_with_fallback_random(*args, options=None, **kwargs):
+        if options and "fallback_random" in options:
+            options = {**options, "fallback_random": True}
+        return compile_(*args, options=options, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", compile_with_fallback_random)
     with inductor_config.patch(fallback_random=True):
         yield
 
@@ -204,12 +270,12 @@ def leaves(tensordict):
     }
 
 
-def assert_leaves_close(actual, expected, what):
-    """Two {name: tensor} dicts have the same keys and tensors equal within RTOL and ATOL."""
+def assert_leaves_close(actual, expected, what, rtol=RTOL, atol=ATOL):
+    """Two {name: tensor} dicts have the same keys and tensors equal within rtol and atol."""
     assert actual.keys() == expected.keys(), f"{what}: keys differ: {sorted(actual)} vs {sorted(expected)}"
     for key in expected:
         torch.testing.assert_close(
-            actual[key], expected[key], rtol=RTOL, atol=ATOL, msg=lambda m, k=key: f"{what} {k}: {m}"
+            actual[key], expected[key], rtol=rtol, atol=atol, msg=lambda m, k=key: f"{what} {k}: {m}"
         )
 
 
@@ -218,7 +284,7 @@ def assert_changed(before, after, what):
     assert any(not torch.equal(before[key], after[key]) for key in before), f"{what} did not change"
 
 
-def random_batch(batch_size, obs_dim, action_dim, seed):
+def random_batch(batch_size, obs_dim, action_dim, seed, device="cpu"):
     """A replay batch (TensorDict) of random transitions, a quarter of them terminations; actions in [-1, 1]."""
     generator = torch.Generator().manual_seed(seed)
     return TensorDict(
@@ -228,7 +294,121 @@ def random_batch(batch_size, obs_dim, action_dim, seed):
         rewards=torch.randn(batch_size, generator=generator),
         terminations=(torch.rand(batch_size, generator=generator) < 0.25).float(),
         batch_size=[batch_size],
-    )
+    ).to(device)
+
+
+# --- Two implementations of one update, compared on any CPU, GPU and thread count (issue 13) ---------------------
+#
+# Two correct implementations of an update (plain and twin, eager and compiled, captured and not) sum in different
+# orders, so their gradients differ in the last bits. Adam's step, lr * m / (sqrt(v) + eps), is normalised: where a
+# gradient is a near-cancelling sum, at the level of its own rounding noise, its sign and size are noise, and so is
+# the step of that entry, which can differ by up to about 2 lr between the two sides, although the gradients agree to
+# float32 precision (1 entry of 131072 of SAC's Q networks on an AMD EPYC). So the checks compare, each round, from
+# bit-identical parameters:
+# - the losses and the gradients (left in .grad by the update), with tight float32 tolerances;
+# - the step of every entry whose gradients have stayed well above their rounding noise (they agree to NOISE_LEVEL
+#   relative, so their Adam moments do, and so does the step: to STEP_ATOL * lr, a hundredth of a step);
+# - the other entries (at most MAX_NOISY_FRACTION of a group) within Adam's largest step, 2 lr between two sides;
+# then copy the reference side's parameters into the other side, in place, so that no round starts from a drift.
+# A wrong twin fails: a wrong loss or gradient at once; a wrong optimizer (learning rate, eps, a missing step) in the
+# steps of the bulk of the entries, which must agree to a hundredth of a step.
+
+GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-5  # GRAD_ATOL is relative to the tensor's largest gradient (its scale)
+NOISE_LEVEL = 1e-3  # two gradients of an entry further apart than this, relatively, are at their rounding noise
+STEP_ATOL = 1e-2  # times the learning rate: how far the steps of two matching updates may differ
+PARAM_RTOL = 2e-6  # the rounding of the parameter itself (two ulps of float32) when the step is added
+MAX_NOISY_FRACTION = 1e-2  # the share of a group's entries allowed to be at their noise: the bulk must match
+
+
+def named_tensors(source):
+    """{name: tensor}, the tensors themselves (not copies): a module's parameters, a TensorDict's leaves, a dict."""
+    if isinstance(source, TensorDictBase):  # first: TensorDictParams is a module too
+        return {
+            ".".join(key) if isinstance(key, tuple) else key: value
+            for key, value in source.items(include_nested=True, leaves_only=True)
+        }
+    if isinstance(source, torch.nn.Module):
+        return dict(source.named_parameters())
+    return dict(source)
+
+
+def sync_(actual, expected):
+    """Copy expected's values into actual's tensors, in place (a captured graph reads those very tensors)."""
+    actual, expected = named_tensors(actual), named_tensors(expected)
+    assert actual.keys() == expected.keys(), f"keys differ: {sorted(actual)} vs {sorted(expected)}"
+    with torch.no_grad():
+        for key, tensor in actual.items():
+            tensor.copy_(expected[key])
+
+
+class SameUpdates:
+    """Checks, round after round, that two agents made the same optimizer update of one group of parameters.
+
+    Call check(actual, expected, lr, what) right after both made the update, from bit-identical parameters (this
+    object re-syncs them after each check); actual and expected: the live parameters (a module, a TensorDict of
+    nn.Parameters or a {name: parameter} dict), whose .grad holds the gradients the optimizer used. lr: the
+    learning rate of the step, a float or {name: float}. grads=False where actual's .grad cannot be read: at the
+    call that records a CUDA graph, .grad holds the buffers the graph will write, not written yet (the recording
+    does not run the kernels); the steps are then checked against the entries found at their noise so far.
+    """
+
+    def __init__(self, group):
+        self.group = group
+        self.noisy = {}  # {name: bool tensor}: entries whose gradient has been at its rounding noise in some round
+
+    def check(self, actual, expected, lr, what, grads=True):
+        actual, expected = named_tensors(actual), named_tensors(expected)
+        what = f"{what} {self.group}"
+        assert actual.keys() == expected.keys(), f"{what}: keys differ: {sorted(actual)} vs {sorted(expected)}"
+        for name, param in expected.items():
+            other = actual[name]
+            lr_ = lr[name] if isinstance(lr, dict) else float(lr)
+            if not grads or (param.grad is None and other.grad is None):
+                noisy = torch.zeros_like(param, dtype=torch.bool)
+            elif param.grad is None or other.grad is None:
+                raise AssertionError(f"{what} {name}: a gradient on one side only")
+            else:
+                grad, other_grad = param.grad.detach(), other.grad.detach()
+                scale = grad.abs().max().item()
+                torch.testing.assert_close(
+                    other_grad, grad, rtol=GRAD_RTOL, atol=GRAD_ATOL * scale,
+                    msg=lambda m, n=name: f"{what} gradient of {n}: {m}",
+                )  # fmt: skip
+                noisy = (other_grad - grad).abs() > NOISE_LEVEL * torch.maximum(other_grad.abs(), grad.abs())
+            self.noisy[name] = noisy | self.noisy.get(name, torch.zeros_like(noisy))
+            gap = (other.detach() - param.detach()).abs()
+            allowed = STEP_ATOL * lr_ + PARAM_RTOL * param.detach().abs()
+            wrong = (gap > allowed) & ~self.noisy[name]
+            if wrong.any():
+                index = torch.where(wrong, gap - allowed, -1).argmax()
+                raise AssertionError(
+                    f"{what} {name}: {int(wrong.sum())} of {param.numel()} entries with matching gradients made "
+                    f"other steps; greatest gap {gap.flatten()[index]:.3g} where {allowed.flatten()[index]:.3g} is "
+                    f"allowed (lr {lr_:.3g})"
+                )
+            assert gap.max() <= 2 * lr_ + allowed.max(), (
+                f"{what} {name}: an entry at its gradient's rounding noise moved {gap.max():.3g} from the other "
+                f"side's, more than Adam's two steps of {lr_:.3g}"
+            )
+        noisy = sum(int(mask.sum()) for mask in self.noisy.values())
+        total = sum(mask.numel() for mask in self.noisy.values())
+        assert noisy <= MAX_NOISY_FRACTION * total, f"{what}: {noisy} of {total} gradients at their rounding noise"
+        sync_(actual, expected)
+
+
+def assert_params_close_after_steps(actual, expected, lrs, what):
+    """The parameters of two agents after the same optimizer steps (learning rates lrs), from the same start, their
+    gradients unseen (the end of a run): the bulk of the entries agree to a hundredth of the steps' total, and the
+    few that went through a gradient at its rounding noise (at most MAX_NOISY_FRACTION) within Adam's steps."""
+    actual, expected = named_tensors(actual), named_tensors(expected)
+    assert actual.keys() == expected.keys(), f"{what}: keys differ: {sorted(actual)} vs {sorted(expected)}"
+    loose, total = 0, 0
+    for name, param in expected.items():
+        gap = (actual[name].detach() - param.detach()).abs()
+        loose += int((gap > STEP_ATOL * sum(lrs) + PARAM_RTOL * param.detach().abs()).sum())
+        total += param.numel()
+        assert gap.max() <= 2 * sum(lrs), f"{what} {name}: {gap.max():.3g} apart, more than Adam's steps allow"
+    assert loose <= MAX_NOISY_FRACTION * total, f"{what}: {loose} of {total} entries further apart than the bulk's"
 
 
 def args_docstrings(name):
@@ -259,12 +439,18 @@ def is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def check_cudagraphs_message(completed, asked_for_cudagraphs):
-    """On this CPU machine, --cudagraphs gets exactly one line saying they are off; without it, no such line."""
+def check_cudagraphs_message(completed, asked_for_cudagraphs, on_cuda=False):
+    """On the CPU, --cudagraphs gets exactly one line saying they are off; without it, no such line.
+
+    On CUDA, no line says they are off (tensordict logs the setting up of each CudaGraphModule: that line is fine).
+    """
     mentions = [line for line in output_lines(completed) if "cudagraph" in line.lower()]
-    if asked_for_cudagraphs:
+    says_off = [line for line in mentions if re.search(r"\boff\b|disabl|needs? a cuda", line.lower())]
+    if on_cuda:
+        assert not says_off, says_off
+    elif asked_for_cudagraphs:
         assert len(mentions) == 1, f"expected one line saying cudagraphs are off, got {mentions}"
-        assert re.search(r"\boff\b|disabl", mentions[0].lower()), mentions[0]
+        assert says_off == mentions, mentions[0]
     else:
         assert not mentions, mentions
 
@@ -367,16 +553,16 @@ TINY_RUN = TinyRun(
 )
 
 
-def check_result(result, name, algo, seed, compile_, tiny=TINY_RUN):
-    """One results line of a tiny run on this CPU machine: every field, with the right types and values."""
+def check_result(result, name, algo, seed, compile_, tiny=TINY_RUN, device="cpu", cudagraphs=False):
+    """One results line of a tiny run (on the CPU unless told): every field, with the right types and values."""
     assert set(RESULT_FIELDS) <= result.keys(), f"missing fields: {set(RESULT_FIELDS) - result.keys()}"
     assert result["script"] == f"{name}.py"
     assert result["algo"] == algo
     assert result["env_id"] == tiny.env_id
     assert result["seed"] == seed
     assert result["compile"] is compile_
-    assert result["cudagraphs"] is False, "no CUDA here: cudagraphs must be recorded as off"
-    assert result["device"] == "cpu"
+    assert result["cudagraphs"] is cudagraphs, "cudagraphs recorded as asked for (on CUDA) or off (on the CPU)"
+    assert result["device"] == device
     assert result["torch_version"] == torch.__version__
     assert result["total_timesteps"] == tiny.total_timesteps
     assert is_number(result["sps"]) and result["sps"] > 0, result["sps"]
@@ -400,7 +586,7 @@ def check_plain_results_line_is_appended(plain, algo, tmp_path, tiny=TINY_RUN):
 
 
 def check_twin_runs_with_every_flag_combination(twin, algo, tmp_path, tiny=TINY_RUN):
-    """The twin runs with no flag, --compile, --cudagraphs and both; cudagraphs fall back on CPU with one line."""
+    """On the CPU, the twin runs with no flag, --compile, --cudagraphs and both; cudagraphs fall back with one line."""
     results = tmp_path / "results.jsonl"
     combinations = [(), ("--compile",), ("--cudagraphs",), ("--compile", "--cudagraphs")]
     for count, flags in enumerate(combinations, start=1):
@@ -416,3 +602,30 @@ def check_twin_runs_with_every_flag_combination(twin, algo, tmp_path, tiny=TINY_
     # Without CUDA, --cudagraphs is off: the run is the one without it, return for return (same seed).
     assert by_flags[("--cudagraphs",)]["final_return"] == by_flags[()]["final_return"]
     assert by_flags[("--compile", "--cudagraphs")]["final_return"] == by_flags[("--compile",)]["final_return"]
+
+
+def check_twin_runs_with_cudagraphs_on_cuda(twin, algo, tmp_path, tiny=TINY_RUN):
+    """On CUDA, --cudagraphs are on: recorded as such, no line says they are off, and the run is the one without
+    them (same seed, same final return: a captured graph replays the same kernels and draws the same numbers).
+
+    --compile --cudagraphs runs once (each compiled run costs its compile time); the pair without --compile is the
+    one compared.
+    """
+    results = tmp_path / "results.jsonl"
+    combinations = [(), ("--cudagraphs",), ("--compile", "--cudagraphs")]
+    for count, flags in enumerate(combinations, start=1):
+        completed = run_script(
+            twin, *tiny.flags, "--seed", "1", "--results-path", results, *flags, env=tiny.env, cuda=True
+        )
+        assert completed.returncode == 0, f"flags {flags}: {describe(completed)}"
+        assert "Traceback" not in completed.stderr, describe(completed)
+        assert tiny.env_id in completed.stdout.strip().splitlines()[-1], "no summary line"
+        check_cudagraphs_message(completed, "--cudagraphs" in flags, on_cuda=True)
+        lines = read_results(results)
+        assert len(lines) == count, "the results file was not appended to"
+        check_result(
+            lines[-1], twin, algo, 1, compile_="--compile" in flags, tiny=tiny, device="cuda",
+            cudagraphs="--cudagraphs" in flags,
+        )  # fmt: skip
+    by_flags = dict(zip(combinations, read_results(results), strict=True))
+    assert by_flags[("--cudagraphs",)]["final_return"] == pytest.approx(by_flags[()]["final_return"], rel=1e-5)

@@ -1,5 +1,6 @@
 """benchmarks/loop_breakdown.py: the instrumented copy of each SAC and TD3 script runs and reports every phase."""
 
+import os
 import re
 import subprocess
 import sys
@@ -37,7 +38,10 @@ def test_instrumented_copy_reports_every_phase(script, tmp_path):
         "--buffer-size",
         "1000",
     ]
-    finished = subprocess.run([sys.executable, str(copy), *budget], capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # the CPU's loop, also on a machine with a GPU
+    finished = subprocess.run(
+        [sys.executable, str(copy), *budget], capture_output=True, text=True, timeout=300, env=env
+    )
     assert finished.returncode == 0, finished.stderr[-2000:]
     times = {}
     for line in finished.stdout.splitlines():

@@ -11,17 +11,23 @@ import pytest
 import torch
 from conftest import (
     ATOL,
+    DEVICES,
     RTOL,
+    SameUpdates,
     TinyRun,
     assert_changed,
     assert_leaves_close,
+    assert_params_close_after_steps,
     check_args_of_the_pair_match,
     check_bad_input,
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
+    check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
     load_script,
+    requires_cuda,
     run_in_process,
+    sync_,
 )
 from tensordict import TensorDict
 
@@ -46,10 +52,10 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-def build(module, seed=0, **arg_overrides):
+def build(module, device="cpu", seed=0, **arg_overrides):
     torch.manual_seed(seed)
     args = module.Args(**arg_overrides)
-    return module.build_ppo(NUM_ACTIONS, args, torch.device("cpu"))
+    return module.build_ppo(NUM_ACTIONS, args, torch.device(device))
 
 
 def params(ppo):
@@ -61,10 +67,10 @@ def frames_for(name, obs):
     return obs.float() if name == PLAIN else obs
 
 
-def random_minibatch(seed, size=BATCH, masked_fraction=0.25):
+def random_minibatch(seed, size=BATCH, masked_fraction=0.25, device="cpu"):
     """A PPO minibatch of random Atari frames (uint8) and random rollout quantities, some steps masked out."""
     generator = torch.Generator().manual_seed(seed)
-    return dict(
+    batch = dict(
         obs=torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8, generator=generator),
         actions=torch.randint(0, NUM_ACTIONS, (size,), generator=generator),
         logprobs=torch.log(torch.full((size,), 1.0 / NUM_ACTIONS)) + 0.1 * torch.randn(size, generator=generator),
@@ -73,6 +79,7 @@ def random_minibatch(seed, size=BATCH, masked_fraction=0.25):
         values=torch.randn(size, generator=generator),
         mask=(torch.rand(size, generator=generator) >= masked_fraction).float(),
     )
+    return {key: value.to(device) for key, value in batch.items()}
 
 
 def call_update(ppo, name, batch):
@@ -182,9 +189,18 @@ def random_rollout(num_steps, num_envs, seed):
 @pytest.mark.parametrize(
     ("name", "compile_"), [(PLAIN, False), (TWIN, False), (TWIN, True)], ids=["plain", "twin", "twin-compile"]
 )
-def test_gae_matches_reference(name, compile_):
+@pytest.mark.parametrize("device", DEVICES)
+def test_gae_matches_reference(device, name, compile_):
     module = load_script(name)
-    gae = torch.compile(module.compute_advantages) if compile_ else module.compute_advantages
+    compute = torch.compile(module.compute_advantages) if compile_ else module.compute_advantages
+
+    def gae(**rollout):
+        """The advantages computed on `device`, brought back to the CPU."""
+        advantages = compute(**{key: value.to(device) if torch.is_tensor(value) else value
+                                for key, value in rollout.items()})  # fmt: skip
+        assert advantages.device.type == device
+        return advantages.cpu()
+
     for num_steps, num_envs, seed in ((128, 8, 0), (37, 3, 1), (1, 2, 2)):
         rollout = random_rollout(num_steps, num_envs, seed)
         assert 0 < rollout["dones"].sum() < rollout["dones"].numel() or num_steps == 1
@@ -200,14 +216,23 @@ def test_gae_matches_reference(name, compile_):
     torch.testing.assert_close(gae(**rollout, gamma=0.9, gae_lambda=0.5)[0], closed_form, rtol=RTOL, atol=ATOL)
 
 
-# --- 3. Compiled and eager updates of the twin agree; the twin computes what the plain script computes ------------
+# --- 3. Compiled and eager updates of the twin agree, captured and not; the twin computes what the plain script does -
+#
+# Each update starts from bit-identical parameters: SameUpdates (conftest) checks the gradients (clipped, as Adam
+# used them) tightly and the steps of Adam within its step size where a gradient is at its rounding noise, then copies
+# the reference side's parameters into the other side, in place.
 
 
-def test_twin_compiled_update_policy_and_gae_match_eager(inductor_fallback_random):
+def learning_rate(ppo):
+    return float(ppo.optimizer.param_groups[0]["lr"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_compiled_update_policy_and_gae_match_eager(device, inductor_fallback_random):
     module = load_script(TWIN)
-    eager, compiled = build(module, compile=False), build(module, compile=True)
+    eager, compiled = build(module, device, compile=False), build(module, device, compile=True)
     start = params(eager)
-    assert_leaves_close(params(compiled), start, "initial parameters")
+    assert_leaves_close(params(compiled), start, "initial parameters", rtol=0, atol=0)
 
     def act(ppo):
         torch.manual_seed(42)
@@ -222,16 +247,17 @@ def test_twin_compiled_update_policy_and_gae_match_eager(inductor_fallback_rando
         assert not torch.equal(outputs["eager"][0], outputs["eager"][3]), "the policy does not sample"
         return outputs["eager"]
 
-    obs = random_minibatch(seed=7, size=8)["obs"]
+    obs = random_minibatch(seed=7, size=8, device=device)["obs"]
     acting_before = check_acting("policy before the updates")
+    check = SameUpdates("update")
     for round_ in range(3):  # several rounds: Adam's moments and step count take part
-        batch = random_minibatch(seed=100 + round_)
+        batch = random_minibatch(seed=100 + round_, device=device)
         losses = {
             label: detached(call_update(ppo, TWIN, batch)) for label, ppo in (("eager", eager), ("compiled", compiled))
         }
         assert set(losses["eager"]) == LOSS_NAMES
         assert_leaves_close(losses["compiled"], losses["eager"], f"round {round_} losses")
-        assert_leaves_close(params(compiled), params(eager), f"round {round_} parameters")
+        check.check(compiled.agent, eager.agent, learning_rate(eager), f"round {round_}")
         # The learning rate lives in a tensor: annealing it between rounds must reach both.
         for ppo in (eager, compiled):
             ppo.optimizer.param_groups[0]["lr"].mul_(0.5)
@@ -242,28 +268,98 @@ def test_twin_compiled_update_policy_and_gae_match_eager(inductor_fallback_rando
 
     rollout = random_rollout(128, 8, seed=9)
     expected = reference_advantages(**rollout, gamma=0.99, gae_lambda=0.95)  # the Args defaults
-    torch.testing.assert_close(eager.gae(**rollout), expected, rtol=RTOL, atol=ATOL)
+    rollout = {key: value.to(device) for key, value in rollout.items()}
+    torch.testing.assert_close(eager.gae(**rollout).cpu(), expected, rtol=RTOL, atol=ATOL)
     torch.testing.assert_close(compiled.gae(**rollout), eager.gae(**rollout), rtol=RTOL, atol=ATOL)
 
 
-def test_twin_eager_update_matches_plain():
+@requires_cuda
+def test_twin_captured_update_policy_and_gae_match_uncaptured(inductor_fallback_random):
+    """CudaGraphModule(warmup=5): calls 1-4 run eagerly on a side stream, call 5 runs once and records the graph,
+    calls 6-8 replay it. Each call is compared with the uncaptured compiled twin's. The learning rate is a tensor
+    written in place between calls (annealing); before call 7 other parameters are written in place, and the
+    learning rate set to 0: the replays follow both (the parameters do not move, acting sees the new ones)."""
+    module = load_script(TWIN)
+    uncaptured = build(module, "cuda", compile=True)
+    captured = build(module, "cuda", compile=True, cudagraphs=True)
+    assert_leaves_close(params(captured), params(uncaptured), "initial parameters", rtol=0, atol=0)
+    check = SameUpdates("update")
+    for call in range(1, 9):
+        lr = 0.0 if call == 7 else 2.5e-4 * (1 - call / 10)
+        if call == 7:
+            others = build(module, "cuda", seed=1)
+            for ppo in (uncaptured, captured):
+                sync_(ppo.agent, others.agent)
+        for ppo in (uncaptured, captured):
+            ppo.optimizer.param_groups[0]["lr"].fill_(lr)
+
+        obs = random_minibatch(seed=1000 + call, size=8, device="cuda")["obs"]
+        outputs = {}
+        for label, ppo in (("uncaptured", uncaptured), ("captured", captured)):
+            torch.manual_seed(100 * call)
+            outputs[label] = [*ppo.policy(obs), ppo.value(obs)]
+        for index, (actual, expected) in enumerate(zip(outputs["captured"], outputs["uncaptured"], strict=True)):
+            torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, msg=lambda m, i=index: f"{i}: {m}")
+
+        batch = random_minibatch(seed=call, device="cuda")
+        losses = {
+            label: detached(call_update(ppo, TWIN, batch))
+            for label, ppo in (("uncaptured", uncaptured), ("captured", captured))
+        }
+        assert_leaves_close(losses["captured"], losses["uncaptured"], f"call {call} losses")
+        if call == 7:
+            assert_leaves_close(params(captured), params(others), "parameters after a step of lr 0", rtol=0, atol=0)
+        check.check(captured.agent, uncaptured.agent, lr, f"call {call}", grads=call != 5)  # 5: recorded
+
+        rollout = random_rollout(32, 4, seed=call)
+        expected = reference_advantages(**rollout, gamma=0.99, gae_lambda=0.95)
+        rollout = {key: value.to("cuda") for key, value in rollout.items()}
+        advantages = {label: ppo.gae(**rollout) for label, ppo in (("uncaptured", uncaptured), ("captured", captured))}
+        torch.testing.assert_close(advantages["captured"], advantages["uncaptured"], rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(advantages["captured"].cpu(), expected, rtol=RTOL, atol=ATOL)
+    for function in ("update", "policy", "value", "gae"):
+        assert getattr(captured, function).counter == 5, f"{function} was not captured"
+
+
+@requires_cuda
+def test_twin_captured_policy_samples_anew_at_each_replay():
+    """The twin as a run with --compile --cudagraphs uses it: after the capture, two replays on the same frames sample
+    other actions; seeded alike, they sample the same."""
+    ppo = build(load_script(TWIN), "cuda", compile=True, cudagraphs=True)
+    obs = random_minibatch(seed=7, size=16, device="cuda")["obs"]
+    for _ in range(6):  # the 5th call records the graph, the 6th replays it
+        ppo.policy(obs)
+    assert ppo.policy.counter == 5
+    first, second = ppo.policy(obs)[0], ppo.policy(obs)[0]
+    # 16 draws from a near-uniform policy over 4 actions: all equal by chance with a probability of about 4e-10.
+    assert not torch.equal(first, second), "two replays of the policy drew the same actions"
+    replays = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        replays.append(ppo.policy(obs)[0])
+    torch.testing.assert_close(replays[1], replays[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_eager_update_matches_plain(device):
     """Same start, same minibatches, same learning-rate schedule: the twin's updates compute the plain script's."""
-    plain, twin = build(load_script(PLAIN)), build(load_script(TWIN))
-    twin.agent.load_state_dict(plain.agent.state_dict())
+    plain, twin = build(load_script(PLAIN), device), build(load_script(TWIN), device)
+    sync_(twin.agent, plain.agent)
     start = params(plain)
+    check = SameUpdates("update")
     for round_ in range(3):
-        batch = random_minibatch(seed=200 + round_)
+        batch = random_minibatch(seed=200 + round_, device=device)
         plain_losses = detached(call_update(plain, PLAIN, batch))
         twin_losses = detached(call_update(twin, TWIN, batch))
         assert_leaves_close(twin_losses, plain_losses, f"round {round_} losses")
-        assert_leaves_close(params(twin), params(plain), f"round {round_} parameters")
+        check.check(twin.agent, plain.agent, learning_rate(plain), f"round {round_}")
         # Anneal the learning rate the way each script does.
         plain.optimizer.param_groups[0]["lr"] *= 0.5
         twin.optimizer.param_groups[0]["lr"].mul_(0.5)
     assert_changed(start, params(plain), "plain parameters")
 
     # The twin acts with a detached copy of its parameters: it must see the updates (the same storage).
-    obs = random_minibatch(seed=8, size=8)["obs"]
+    obs = random_minibatch(seed=8, size=8, device=device)["obs"]
     torch.manual_seed(3)
     plain_out = plain.policy(obs.float())
     torch.manual_seed(3)
@@ -434,17 +530,25 @@ def test_twin_run_matches_plain_run(recorded_run):
     """Same seed and flags: the twin (eager) plays the same games and ends with the plain script's parameters.
 
     Both draw the same random numbers in the same order and compute the same losses; float32 rounding differs
-    (fused Adam, the parallel-scan GAE) far below what could change a sampled action in so short a run.
+    (fused Adam, the parallel-scan GAE) far below what could change a sampled action in so short a run. The end
+    parameters agree within what Adam's steps allow (see assert_params_close_after_steps).
     """
     plain_globals, plain_steps = recorded_run(PLAIN, 1)
     twin_globals, twin_steps = recorded_run(TWIN, 1)
     assert twin_globals["episode_returns"] == plain_globals["episode_returns"]
     assert len(twin_steps) == len(plain_steps)
-    assert_leaves_close(params(twin_globals["ppo"]), params(plain_globals["ppo"]), "parameters at the end of the run")
+    args = plain_globals["args"]
+    iterations = plain_globals["num_iterations"]
+    assert (args.anneal_lr, iterations) == (True, 6), "RUN changed: the learning rates below follow it"
+    lrs = [(1 - i / iterations) * args.learning_rate for i in range(iterations)]
+    lrs = [lr for lr in lrs for _ in range(args.update_epochs * args.num_minibatches)]
+    assert_params_close_after_steps(
+        twin_globals["ppo"].agent, plain_globals["ppo"].agent, lrs, "parameters at the end of the run"
+    )
     assert_changed(params(build(load_script(PLAIN), seed=1)), params(plain_globals["ppo"]), "plain parameters")
 
 
-# --- 7. --results-path, and every flag combination of the twin on CPU ----------------------------------------------
+# --- 7. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA ----------------------
 
 # 8 rollouts of 2 x 32 steps, more than measure_burnin (3 by default): sps is measured. Games end within 256 steps
 # per env under a near-uniform policy; a Breakout score is a whole number of at least 0 (a high bound: 10,000).
@@ -463,3 +567,8 @@ def test_plain_results_line_is_appended(tmp_path):
 
 def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
     check_twin_runs_with_every_flag_combination(TWIN, "ppo_atari", tmp_path, tiny=TINY)
+
+
+@requires_cuda
+def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
+    check_twin_runs_with_cudagraphs_on_cuda(TWIN, "ppo_atari", tmp_path, tiny=TINY)

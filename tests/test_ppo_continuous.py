@@ -14,7 +14,9 @@ import pytest
 import torch
 from conftest import (
     ATOL,
+    DEVICES,
     RTOL,
+    SameUpdates,
     TinyRun,
     assert_changed,
     assert_leaves_close,
@@ -22,9 +24,12 @@ from conftest import (
     check_bad_input,
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
+    check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
     load_script,
+    requires_cuda,
     run_in_process,
+    sync_,
 )
 from tensordict import TensorDict
 
@@ -35,10 +40,10 @@ SCRIPTS = (PLAIN, TWIN)
 OBS_DIM, ACTION_DIM, MINIBATCH = 11, 3, 64
 
 
-def build(module, seed=0, **arg_overrides):
+def build(module, device="cpu", seed=0, **arg_overrides):
     torch.manual_seed(seed)
     args = module.Args(**arg_overrides)
-    return module.build_ppo(OBS_DIM, ACTION_DIM, args, torch.device("cpu"))
+    return module.build_ppo(OBS_DIM, ACTION_DIM, args, torch.device(device))
 
 
 def parameters(ppo):
@@ -49,10 +54,11 @@ def random_minibatch(ppo, seed):
     """A minibatch as a rollout would give it: actions drawn near the policy's mean, their log-probabilities
     under a slightly different (older) policy, so that some probability ratios fall outside the clip range."""
     generator = torch.Generator().manual_seed(seed)
+    device = next(ppo.agent.parameters()).device
     obs = torch.randn(MINIBATCH, OBS_DIM, generator=generator)
     actions = torch.randn(MINIBATCH, ACTION_DIM, generator=generator)
     with torch.no_grad():
-        _, logprobs, _, values = ppo.agent.get_action_and_value(obs, actions)
+        _, logprobs, _, values = (t.cpu() for t in ppo.agent.get_action_and_value(obs.to(device), actions.to(device)))
     return TensorDict(
         obs=obs,
         actions=actions,
@@ -61,7 +67,7 @@ def random_minibatch(ppo, seed):
         returns=torch.randn(MINIBATCH, generator=generator),
         values=values.flatten() + 0.5 * torch.randn(MINIBATCH, generator=generator),
         batch_size=[MINIBATCH],
-    )
+    ).to(device)
 
 
 def plain_update(ppo, minibatch):
@@ -155,16 +161,17 @@ def random_rollout(num_steps, num_envs, seed):
 @pytest.mark.parametrize(
     ("name", "compiled"), [(PLAIN, False), (TWIN, False), (TWIN, True)], ids=["plain", "twin", "twin-compiled"]
 )
-def test_advantages_match_reference(name, compiled, num_steps):
+@pytest.mark.parametrize("device", DEVICES)
+def test_advantages_match_reference(device, name, compiled, num_steps):
     module = load_script(name)
     rollout = random_rollout(num_steps, 3, seed=num_steps)
     assert rollout["dones"].sum() > 0 or num_steps < 10, "no episode end in the rollout"
     compute = torch.compile(module.compute_advantages) if compiled else module.compute_advantages
     gamma, gae_lambda = 0.99, 0.95
-    actual = compute(**rollout, gamma=gamma, gae_lambda=gae_lambda)
+    actual = compute(**{key: value.to(device) for key, value in rollout.items()}, gamma=gamma, gae_lambda=gae_lambda)
     expected = reference_advantages(**rollout, gamma=gamma, gae_lambda=gae_lambda)
-    assert actual.shape == (num_steps, 3)
-    torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
+    assert actual.shape == (num_steps, 3) and actual.device.type == device
+    torch.testing.assert_close(actual.cpu(), expected, rtol=RTOL, atol=ATOL)
 
 
 def test_advantages_do_not_cross_episode_ends():
@@ -199,35 +206,43 @@ def test_truncation_bootstraps_and_termination_does_not():
         assert torch.equal(rewards, torch.tensor([1.0, 2.0, 3.0, 4.0])), f"{name} changed its input in place"
 
 
-# --- 3. Updates: compiled vs eager twin, twin vs plain --------------------------------------------------------------
+# --- 3. Updates: compiled vs eager twin, captured vs not, twin vs plain ----------------------------------------------
+#
+# Each update starts from bit-identical parameters: SameUpdates (conftest) checks the gradients (clipped, as Adam
+# used them) tightly and the steps of Adam within its step size where a gradient is at its rounding noise, then copies
+# the reference side's parameters into the other side, in place.
 
 
-def test_twin_compiled_updates_match_eager(inductor_fallback_random):
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_compiled_updates_match_eager(device, inductor_fallback_random):
     module = load_script(TWIN)
-    eager = build(module, compile=False)
-    compiled = build(module, compile=True)
+    eager = build(module, device, compile=False)
+    compiled = build(module, device, compile=True)
     start = parameters(eager)
-    assert_leaves_close(parameters(compiled), start, "initial parameters")
+    assert_leaves_close(parameters(compiled), start, "initial parameters", rtol=0, atol=0)
+    check = SameUpdates("update")
     for round_ in range(3):  # several rounds: Adam's moments and step count take part
         minibatch = random_minibatch(eager, seed=round_)
-        set_learning_rate(eager, 3e-4 * (1 - round_ / 3))  # annealing between updates
-        set_learning_rate(compiled, 3e-4 * (1 - round_ / 3))
+        lr = 3e-4 * (1 - round_ / 3)  # annealing between updates
+        set_learning_rate(eager, lr)
+        set_learning_rate(compiled, lr)
         losses = {
             label: dict(ppo.update(minibatch.clone()).items())
             for label, ppo in (("eager", eager), ("compiled", compiled))
         }
         assert {"pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac"} <= losses["eager"].keys()
         assert_leaves_close(losses["compiled"], losses["eager"], f"round {round_} losses")
-        assert_leaves_close(parameters(compiled), parameters(eager), f"round {round_} parameters")
+        check.check(compiled.agent, eager.agent, lr, f"round {round_}")
     assert_changed(start, parameters(eager), "the eager twin's parameters")
     assert 0 < losses["eager"]["clipfrac"] < 1, "the minibatch does not exercise the clipping"
 
 
-def test_twin_compiled_policy_matches_eager(inductor_fallback_random):
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_compiled_policy_matches_eager(device, inductor_fallback_random):
     module = load_script(TWIN)
-    eager = build(module, compile=False)
-    compiled = build(module, compile=True)
-    obs = torch.randn(1, OBS_DIM, generator=torch.Generator().manual_seed(7))
+    eager = build(module, device, compile=False)
+    compiled = build(module, device, compile=True)
+    obs = torch.randn(1, OBS_DIM, generator=torch.Generator().manual_seed(7)).to(device)
     outputs = {}
     for label, ppo in (("eager", eager), ("compiled", compiled)):
         torch.manual_seed(42)
@@ -238,6 +253,71 @@ def test_twin_compiled_policy_matches_eager(inductor_fallback_random):
         for actual, expected in zip(outputs["compiled"][step], outputs["eager"][step], strict=True):
             torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
     assert not torch.equal(outputs["eager"][0][0], outputs["eager"][1][0]), "the policy does not sample"
+
+
+@requires_cuda
+def test_twin_captured_update_policy_and_gae_match_uncaptured(inductor_fallback_random):
+    """CudaGraphModule(warmup=5): calls 1-4 run eagerly on a side stream, call 5 runs once and records the graph,
+    calls 6-8 replay it. Each call is compared with the uncaptured compiled twin's. The learning rate is a tensor
+    written in place between calls (annealing); before call 7 other parameters are written in place, and the
+    learning rate set to 0: the replays follow both (the parameters do not move)."""
+    module = load_script(TWIN)
+    uncaptured = build(module, "cuda", compile=True)
+    captured = build(module, "cuda", compile=True, cudagraphs=True)
+    assert_leaves_close(parameters(captured), parameters(uncaptured), "initial parameters", rtol=0, atol=0)
+    check = SameUpdates("update")
+    for call in range(1, 9):
+        lr = 0.0 if call == 7 else 3e-4 * (1 - call / 10)
+        if call == 7:
+            others = build(module, "cuda", seed=1)
+            for ppo in (uncaptured, captured):
+                sync_(ppo.agent, others.agent)
+        for ppo in (uncaptured, captured):
+            set_learning_rate(ppo, lr)
+        minibatch = random_minibatch(uncaptured, seed=call)
+        losses = {
+            label: dict(ppo.update(minibatch.clone()).items())
+            for label, ppo in (("uncaptured", uncaptured), ("captured", captured))
+        }
+        assert_leaves_close(losses["captured"], losses["uncaptured"], f"call {call} losses")
+        if call == 7:
+            assert_leaves_close(parameters(captured), parameters(others), "parameters after a step of lr 0", 0, 0)
+        check.check(captured.agent, uncaptured.agent, lr, f"call {call}", grads=call != 5)  # 5: recorded
+
+        obs = torch.randn(4, OBS_DIM, generator=torch.Generator().manual_seed(call)).to("cuda")
+        outputs = {}
+        for label, ppo in (("uncaptured", uncaptured), ("captured", captured)):
+            torch.manual_seed(100 * call)
+            outputs[label] = ppo.policy(obs)
+        for index, (actual, expected) in enumerate(zip(outputs["captured"], outputs["uncaptured"], strict=True)):
+            torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, msg=lambda m, i=index: f"{i}: {m}")
+
+        rollout = random_rollout(64, 2, seed=call)
+        expected = reference_advantages(**rollout, gamma=0.99, gae_lambda=0.95)  # the Args defaults
+        rollout = {key: value.to("cuda") for key, value in rollout.items()}
+        advantages = {label: ppo.gae(**rollout) for label, ppo in (("uncaptured", uncaptured), ("captured", captured))}
+        torch.testing.assert_close(advantages["captured"], advantages["uncaptured"], rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(advantages["captured"].cpu(), expected, rtol=RTOL, atol=ATOL)
+    assert captured.update.counter == captured.policy.counter == 5, "the update and the policy were not captured"
+    assert captured.gae.counter == 5, "the advantages were not captured"
+
+
+@requires_cuda
+def test_twin_captured_policy_samples_anew_at_each_replay():
+    """The twin as a run with --compile --cudagraphs uses it (inductor's own random numbers): after the capture,
+    two replays on one observation sample other actions; seeded alike, they sample the same."""
+    ppo = build(load_script(TWIN), "cuda", compile=True, cudagraphs=True)
+    obs = torch.randn(1, OBS_DIM, generator=torch.Generator().manual_seed(7)).to("cuda")
+    for _ in range(6):  # the 5th call records the graph, the 6th replays it
+        ppo.policy(obs)
+    assert ppo.policy.counter == 5
+    first, second = ppo.policy(obs)[0], ppo.policy(obs)[0]
+    assert not torch.equal(first, second), "two replays of the policy drew the same actions"
+    replays = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        replays.append(ppo.policy(obs)[0])
+    torch.testing.assert_close(replays[1], replays[0], rtol=0, atol=0)
 
 
 def test_twin_acts_with_the_latest_parameters_and_no_autograd():
@@ -257,19 +337,22 @@ def test_twin_acts_with_the_latest_parameters_and_no_autograd():
     assert all(t.grad_fn is None for t in ppo.policy(obs))
 
 
-def test_twin_eager_updates_match_plain():
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_eager_updates_match_plain(device):
     """Same start, same minibatches, same learning rate schedule: the twin's eager update computes the plain one."""
-    plain, twin = build(load_script(PLAIN)), build(load_script(TWIN))
-    twin.agent.load_state_dict(plain.agent.state_dict())
+    plain, twin = build(load_script(PLAIN), device), build(load_script(TWIN), device)
+    sync_(twin.agent, plain.agent)
     start = parameters(plain)
+    check = SameUpdates("update")
     for round_ in range(3):
         minibatch = random_minibatch(plain, seed=10 + round_)
-        set_learning_rate(plain, 3e-4 * (1 - round_ / 3))
-        set_learning_rate(twin, 3e-4 * (1 - round_ / 3))
+        lr = 3e-4 * (1 - round_ / 3)
+        set_learning_rate(plain, lr)
+        set_learning_rate(twin, lr)
         plain_losses = plain_update(plain, minibatch)
         twin_losses = twin.update(minibatch.clone())
         assert_leaves_close(dict(twin_losses.items()), plain_losses, f"round {round_} losses")
-        assert_leaves_close(parameters(twin), parameters(plain), f"round {round_} parameters")
+        check.check(twin.agent, plain.agent, lr, f"round {round_}")
     assert_changed(start, parameters(plain), "the plain agent's parameters")
 
 
@@ -343,7 +426,7 @@ def test_same_seed_same_returns(name):
     assert other != first
 
 
-# --- 7 and 8. --results-path, and every flag combination of the twin on CPU -------------------------------------
+# --- 7 and 8. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA -----------------
 
 # Four rollouts of 128 steps: one more than measure_burnin (3 by default), so sps is measured; InvertedPendulum-v5
 # episodes of a fresh policy last a few steps and earn 1 per step, at most 1000.
@@ -361,3 +444,8 @@ def test_plain_results_line_is_appended(tmp_path):
 
 def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
     check_twin_runs_with_every_flag_combination(TWIN, "ppo_continuous", tmp_path, tiny=TINY)
+
+
+@requires_cuda
+def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
+    check_twin_runs_with_cudagraphs_on_cuda(TWIN, "ppo_continuous", tmp_path, tiny=TINY)

@@ -4,6 +4,7 @@ Everything goes through the scripts' stable interface: Args, build_sac and the n
 command line, the `episode_returns` global of a run, the --results-path JSON line, and exit statuses.
 """
 
+import math
 import statistics
 
 import numpy as np
@@ -11,7 +12,9 @@ import pytest
 import torch
 from conftest import (
     ATOL,
+    DEVICES,
     RTOL,
+    SameUpdates,
     assert_changed,
     assert_leaves_close,
     check_args_of_the_pair_match,
@@ -19,11 +22,15 @@ from conftest import (
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
     check_same_seed_same_returns,
+    check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
     leaves,
     load_script,
+    named_tensors,
     random_batch,
+    requires_cuda,
     run_in_process,
+    sync_,
 )
 from tensordict import TensorDict
 
@@ -35,10 +42,13 @@ OBS_DIM, ACTION_DIM, BATCH = 17, 6, 64
 LOW, HIGH = -np.ones(ACTION_DIM, dtype=np.float32), np.ones(ACTION_DIM, dtype=np.float32)
 
 
-def build(module, seed=0, **arg_overrides):
+def build(module, device="cpu", seed=0, **arg_overrides):
+    """An agent of either script on `device`; its Args as `.args`."""
     torch.manual_seed(seed)
     args = module.Args(**arg_overrides)
-    return module.build_sac(OBS_DIM, ACTION_DIM, LOW, HIGH, args, torch.device("cpu"))
+    sac = module.build_sac(OBS_DIM, ACTION_DIM, LOW, HIGH, args, torch.device(device))
+    sac.args = args
+    return sac
 
 
 # --- 1. Learning ----------------------------------------------------------------------------------------------
@@ -68,66 +78,79 @@ def test_learns_pendulum(name, flags):
     assert statistics.mean(last10) > LEARNING_THRESHOLD, f"last 10 returns {[round(r) for r in last10]}"
 
 
-# --- 2. Compiled and eager updates of the twin agree --------------------------------------------------------------
+# --- 2. The twin's updates agree: compiled and eager, captured and not, and with the plain script's --------------
+#
+# Each round starts from bit-identical parameters: SameUpdates (conftest) checks the losses' gradients tightly and the
+# steps of Adam within its step size where a gradient is at its rounding noise, then copies the reference side's
+# parameters into the other side, in place. The updates draw noise (rsample): each side is seeded alike before a call.
+
+
+def actor_params(sac):
+    """The parameters of the actor update: the actor's, and log_alpha (the entropy coefficient)."""
+    return {**dict(sac.actor.named_parameters()), "log_alpha": sac.log_alpha}
+
+
+def actor_lrs(sac, args):
+    return {**{name: args.policy_lr for name, _ in sac.actor.named_parameters()}, "log_alpha": args.q_lr}
+
+
+def check_twin_round(reference, other, batch, seed, checks, what, grads=True):
+    """One critic update, one actor update and one target update of two twins, compared; then re-synced.
+
+    grads=False: other's gradients cannot be read (the call that records its CUDA graphs, see SameUpdates)."""
+    args = reference.args
+    losses = {}
+    for label, sac in (("reference", reference), ("other", other)):
+        torch.manual_seed(seed)  # the next actions' noise
+        losses[label] = leaves(sac.update_critic(batch))
+    assert losses["reference"].keys() == {"qf_loss", "qf1_values"}
+    assert_leaves_close(losses["other"], losses["reference"], f"{what} critic losses")
+    checks["Q"].check(other.qnet_params, reference.qnet_params, args.q_lr, what, grads)
+
+    for label, sac in (("reference", reference), ("other", other)):
+        torch.manual_seed(seed + 1)  # the actions' noise
+        losses[label] = leaves(sac.update_actor(batch))
+    assert losses["reference"].keys() == {"actor_loss", "alpha_loss"}
+    assert_leaves_close(losses["other"], losses["reference"], f"{what} actor losses")
+    checks["actor"].check(actor_params(other), actor_params(reference), actor_lrs(reference, args), what, grads)
+
+    reference.update_targets()
+    other.update_targets()
+    assert_leaves_close(leaves(other.target_qnet_params), leaves(reference.target_qnet_params), f"{what} target Q")
+    sync_(other.target_qnet_params, reference.target_qnet_params)
 
 
 def snapshot(sac):
-    return {
-        "qnet": leaves(sac.qnet_params.data),
-        "target": leaves(sac.target_qnet_params),
-        "actor": {k: v.detach().clone() for k, v in sac.actor.state_dict().items()},
-        "log_alpha": {"log_alpha": sac.log_alpha.detach().clone()},
+    return {"qnet": leaves(sac.qnet_params.data), "target": leaves(sac.target_qnet_params)} | {
+        "actor": {name: value.detach().clone() for name, value in actor_params(sac).items()}
     }
 
 
-def test_twin_compiled_updates_match_eager(inductor_fallback_random):
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_compiled_updates_match_eager(device, inductor_fallback_random):
     module = load_script(TWIN)
-    eager = build(module, compile=False)
-    compiled = build(module, compile=True)
+    eager = build(module, device, compile=False)
+    compiled = build(module, device, compile=True)
     start = snapshot(eager)
     for group, tensors in snapshot(compiled).items():
-        assert_leaves_close(tensors, start[group], f"initial {group}")
+        assert_leaves_close(tensors, start[group], f"initial {group}", rtol=0, atol=0)
 
-    batch = random_batch(BATCH, OBS_DIM, ACTION_DIM, seed=123)
+    checks = {"Q": SameUpdates("Q update"), "actor": SameUpdates("actor update")}
     for round_ in range(3):  # several rounds: Adam's moments and step count take part
-        losses = {}
-        for label, sac in (("eager", eager), ("compiled", compiled)):
-            torch.manual_seed(1000 + round_)
-            losses[label] = leaves(sac.update_critic(batch))
-        assert "qf_loss" in losses["eager"]
-        assert_leaves_close(losses["compiled"], losses["eager"], f"round {round_} critic losses")
-        assert_leaves_close(
-            leaves(compiled.qnet_params.data), leaves(eager.qnet_params.data), f"round {round_} Q parameters"
-        )
-
-        for label, sac in (("eager", eager), ("compiled", compiled)):
-            torch.manual_seed(2000 + round_)
-            losses[label] = leaves(sac.update_actor(batch))
-        assert {"actor_loss", "alpha_loss"} <= losses["eager"].keys()
-        assert_leaves_close(losses["compiled"], losses["eager"], f"round {round_} actor losses")
-        after_eager, after_compiled = snapshot(eager), snapshot(compiled)
-        assert_leaves_close(after_compiled["actor"], after_eager["actor"], f"round {round_} actor parameters")
-        assert_leaves_close(after_compiled["log_alpha"], after_eager["log_alpha"], f"round {round_} log_alpha")
-
-        eager.update_targets()
-        compiled.update_targets()
-        assert_leaves_close(
-            leaves(compiled.target_qnet_params), leaves(eager.target_qnet_params), f"round {round_} target Q"
-        )
+        batch = random_batch(BATCH, OBS_DIM, ACTION_DIM, seed=123 + round_, device=device)
+        check_twin_round(eager, compiled, batch, 1000 + 10 * round_, checks, f"round {round_}")
 
     end = snapshot(eager)
-    for group in ("qnet", "target", "actor", "log_alpha"):
+    for group in ("qnet", "target", "actor"):
         assert_changed(start[group], end[group], f"eager twin's {group}")
-    for label, sac in (("eager", eager), ("compiled", compiled)):
-        for key, value in leaves(sac.update_critic(batch)).items():
-            assert torch.isfinite(value).all(), f"{label} {key} is not finite"
 
 
-def test_twin_compiled_policy_matches_eager(inductor_fallback_random):
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_compiled_policy_matches_eager(device, inductor_fallback_random):
     module = load_script(TWIN)
-    eager = build(module, compile=False)
-    compiled = build(module, compile=True)
-    obs = torch.randn(1, OBS_DIM, generator=torch.Generator().manual_seed(7))
+    eager = build(module, device, compile=False)
+    compiled = build(module, device, compile=True)
+    obs = torch.randn(1, OBS_DIM, generator=torch.Generator().manual_seed(7)).to(device)
     actions = {}
     for label, sac in (("eager", eager), ("compiled", compiled)):
         torch.manual_seed(42)
@@ -139,44 +162,126 @@ def test_twin_compiled_policy_matches_eager(inductor_fallback_random):
     assert not torch.equal(actions["eager"][0], actions["eager"][1]), "the policy does not sample"
 
 
-def test_twin_eager_updates_match_plain():
+@requires_cuda
+def test_twin_captured_updates_and_policy_match_uncaptured(inductor_fallback_random):
+    """CudaGraphModule(warmup=5): calls 1-4 run eagerly on a side stream, call 5 runs once and records the graph,
+    calls 6-8 replay it. Each call is compared with the uncaptured compiled twin's; before call 7 other values are
+    written in place into every tensor the graphs read (the networks, the targets, log_alpha): the replays follow."""
+    module = load_script(TWIN)
+    uncaptured = build(module, "cuda", compile=True)
+    captured = build(module, "cuda", compile=True, cudagraphs=True)
+    for group, tensors in snapshot(captured).items():
+        assert_leaves_close(tensors, snapshot(uncaptured)[group], f"initial {group}", rtol=0, atol=0)
+
+    checks = {"Q": SameUpdates("Q update"), "actor": SameUpdates("actor update")}
+    for call in range(1, 9):
+        if call == 7:
+            others = build(module, "cuda", seed=1)  # other networks, and another entropy coefficient
+            with torch.no_grad():
+                others.log_alpha.fill_(math.log(0.5))
+            for sac in (uncaptured, captured):
+                sync_(sac.qnet_params, others.qnet_params)
+                sync_(sac.target_qnet_params, others.qnet_params.data)
+                sync_(actor_params(sac), actor_params(others))
+        batch = random_batch(BATCH, OBS_DIM, ACTION_DIM, seed=call, device="cuda")
+        check_twin_round(uncaptured, captured, batch, 100 * call, checks, f"call {call}", grads=call != 5)
+
+        obs = torch.randn(1, OBS_DIM, generator=torch.Generator().manual_seed(call)).to("cuda")
+        actions = {}
+        for label, sac in (("uncaptured", uncaptured), ("captured", captured)):
+            torch.manual_seed(100 * call + 2)
+            actions[label] = sac.policy(obs)
+        torch.testing.assert_close(actions["captured"], actions["uncaptured"], rtol=RTOL, atol=ATOL)
+    assert captured.update_critic.counter == captured.update_actor.counter == captured.policy.counter == 5, (
+        "the updates and the policy were not captured"
+    )
+
+
+@requires_cuda
+def test_twin_captured_random_numbers_change_between_replays():
+    """The twin as a run with --compile --cudagraphs uses it (inductor's own random numbers): after the capture,
+    each replay draws new noise; seeded alike from identical parameters, two replays agree."""
+    sac = build(load_script(TWIN), "cuda", compile=True, cudagraphs=True)
+    batch = random_batch(BATCH, OBS_DIM, ACTION_DIM, seed=5, device="cuda")
+    obs = torch.randn(1, OBS_DIM, generator=torch.Generator().manual_seed(7)).to("cuda")
+    for _ in range(6):  # the 5th call records the graphs, the 6th replays them
+        sac.update_critic(batch)
+        sac.update_actor(batch)
+        sac.policy(obs)
+    assert sac.update_critic.counter == sac.update_actor.counter == sac.policy.counter == 5
+
+    first, second = sac.policy(obs), sac.policy(obs)
+    assert not torch.equal(first, second), "two replays of the policy drew the same actions"
+    replays = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        replays.append(sac.policy(obs))
+    torch.testing.assert_close(replays[1], replays[0], rtol=0, atol=0)
+
+    # The losses come before the optimizer step: from the same parameters, they depend on the noise alone.
+    def replay(update, params, saved, seed, key):
+        sync_(params, saved)
+        torch.manual_seed(seed)
+        return update(batch)[key].clone()
+
+    for update, params, key in (
+        (sac.update_critic, sac.qnet_params, "qf_loss"),  # the next actions' noise
+        (sac.update_actor, actor_params(sac), "alpha_loss"),  # the actions' noise (log_pi; not alpha, which moves)
+    ):
+        saved = {name: value.detach().clone() for name, value in named_tensors(params).items()}
+        seed_1, seed_2, seed_1_again = (replay(update, params, saved, seed, key) for seed in (1, 2, 1))
+        assert not torch.allclose(seed_2, seed_1, rtol=RTOL, atol=ATOL), f"{key}: another seed, the same noise"
+        torch.testing.assert_close(seed_1_again, seed_1, rtol=RTOL, atol=ATOL, msg=f"{key}: same seed, other noise")
+
+
+def plain_stacked_q(plain):
+    """The plain agent's two Q networks as the twin's stacked parameters (copies), their gradients stacked too."""
+    stacked = {}
+    for (name, first), (_, second) in zip(plain.qf1.named_parameters(), plain.qf2.named_parameters(), strict=True):
+        stacked[name] = torch.stack([first.detach(), second.detach()])
+        stacked[name].grad = torch.stack([first.grad, second.grad])
+    return stacked
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_eager_updates_match_plain(device):
     """Same start, same batch, same noise: the twin's eager updates compute what the plain script computes.
 
     The plain agent's target networks are not exposed; they enter the next round's critic loss, which is compared.
     """
     plain_module, twin_module = load_script(PLAIN), load_script(TWIN)
-    plain, twin = build(plain_module), build(twin_module)
+    plain, twin = build(plain_module, device), build(twin_module, device)
+    args = twin.args
 
     def plain_qnet():
         """The plain agent's two Q networks, stacked like the twin's ensemble (a copy)."""
         return torch.stack([TensorDict.from_module(plain.qf1).data, TensorDict.from_module(plain.qf2).data]).clone()
 
     # Give the twin the plain agent's networks; the targets start as copies of the Q networks in both.
-    twin.actor.load_state_dict(plain.actor.state_dict())
+    sync_(twin.actor, plain.actor)
     start = plain_qnet()
     assert leaves(start).keys() == leaves(twin.qnet_params.data).keys()
-    twin.qnet_params.data.update_(start)
-    twin.target_qnet_params.update_(start)
+    sync_(twin.qnet_params, start)
+    sync_(twin.target_qnet_params, start)
     assert torch.equal(twin.log_alpha, plain.log_alpha)
 
-    batch = random_batch(BATCH, OBS_DIM, ACTION_DIM, seed=321)
+    checks = {"Q": SameUpdates("Q update"), "actor": SameUpdates("actor update")}
+    batch = random_batch(BATCH, OBS_DIM, ACTION_DIM, seed=321, device=device)
     plain_batch = {key: value.clone() for key, value in batch.items()}
     for round_ in range(3):
         torch.manual_seed(round_)
         plain_losses = plain.update_critic(plain_batch)
         torch.manual_seed(round_)
         twin_losses = twin.update_critic(batch)
-        torch.testing.assert_close(twin_losses["qf_loss"], plain_losses["qf_loss"], rtol=RTOL, atol=ATOL)
-        assert_leaves_close(leaves(twin.qnet_params.data), leaves(plain_qnet()), f"round {round_} Q parameters")
+        assert_leaves_close(leaves(twin_losses), plain_losses, f"round {round_} critic losses")
+        checks["Q"].check(twin.qnet_params, plain_stacked_q(plain), args.q_lr, f"round {round_}")
 
         torch.manual_seed(100 + round_)
         plain_losses = plain.update_actor(plain_batch)
         torch.manual_seed(100 + round_)
         twin_losses = twin.update_actor(batch)
-        for key in ("actor_loss", "alpha_loss"):
-            torch.testing.assert_close(twin_losses[key], plain_losses[key], rtol=RTOL, atol=ATOL)
-        assert_leaves_close(twin.actor.state_dict(), plain.actor.state_dict(), f"round {round_} actor")
-        torch.testing.assert_close(twin.log_alpha, plain.log_alpha, rtol=RTOL, atol=ATOL)
+        assert_leaves_close(leaves(twin_losses), plain_losses, f"round {round_} actor losses")
+        checks["actor"].check(actor_params(twin), actor_params(plain), actor_lrs(plain, args), f"round {round_}")
 
         plain.update_targets()
         twin.update_targets()
@@ -240,7 +345,7 @@ def test_same_seed_same_returns(name):
     check_same_seed_same_returns(name)
 
 
-# --- 6 and 7. --results-path, and every flag combination of the twin on CPU -------------------------------------
+# --- 6 and 7. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA -----------------
 
 
 def test_plain_results_line_is_appended(tmp_path):
@@ -249,3 +354,8 @@ def test_plain_results_line_is_appended(tmp_path):
 
 def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
     check_twin_runs_with_every_flag_combination(TWIN, "sac", tmp_path)
+
+
+@requires_cuda
+def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
+    check_twin_runs_with_cudagraphs_on_cuda(TWIN, "sac", tmp_path)

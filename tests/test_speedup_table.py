@@ -347,7 +347,7 @@ def test_tiny_run_of_every_pair(tmp_path):
                    if (SCRIPTS_DIR / path.name.replace("_torchcompile", "")).is_file())  # fmt: skip
     assert len(pairs) >= 3, pairs
     out = tmp_path / "tiny"
-    completed = run_sh("--tiny", "--out", str(out))
+    completed = run_sh("--tiny", "--out", str(out), env={"CUDA_VISIBLE_DEVICES": ""})  # the CPU variants, also on a GPU
     assert completed.returncode == 0, describe(completed)
     lines = completed.stdout.splitlines()
 

@@ -11,7 +11,9 @@ import pytest
 import torch
 from conftest import (
     ATOL,
+    DEVICES,
     RTOL,
+    SameUpdates,
     assert_changed,
     assert_leaves_close,
     check_args_of_the_pair_match,
@@ -19,11 +21,14 @@ from conftest import (
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
     check_same_seed_same_returns,
+    check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
     leaves,
     load_script,
     random_batch,
+    requires_cuda,
     run_in_process,
+    sync_,
 )
 from tensordict import TensorDict
 
@@ -37,10 +42,13 @@ LOW = np.array([-2.0, -1.0, -1.0, 0.0, -0.5, -1.0], dtype=np.float32)
 HIGH = np.array([2.0, 1.0, 0.5, 1.0, 0.5, 3.0], dtype=np.float32)
 
 
-def build(module, seed=0, **arg_overrides):
+def build(module, device="cpu", seed=0, **arg_overrides):
+    """An agent of either script on `device`; its Args as `.args`."""
     torch.manual_seed(seed)
     args = module.Args(**arg_overrides)
-    return module.build_td3(OBS_DIM, ACTION_DIM, LOW, HIGH, args, torch.device("cpu"))
+    td3 = module.build_td3(OBS_DIM, ACTION_DIM, LOW, HIGH, args, torch.device(device))
+    td3.args = args
+    return td3
 
 
 # --- 1. Learning ----------------------------------------------------------------------------------------------
@@ -91,7 +99,11 @@ def test_policy_adds_scaled_noise_and_stays_in_bounds(name):
     assert (actions == low).any(0).all() and (actions == high).any(0).all(), "actions are not clipped to the bounds"
 
 
-# --- 3. Compiled and eager updates of the twin agree --------------------------------------------------------------
+# --- 3. The twin's updates agree: compiled and eager, captured and not, and with the plain script's --------------
+#
+# Each round starts from bit-identical parameters: SameUpdates (conftest) checks the gradients tightly and the steps
+# of Adam within its step size where a gradient is at its rounding noise, then copies the reference side's parameters
+# into the other side, in place. The critic update draws the target policy smoothing noise: both sides are seeded.
 
 
 def snapshot(td3):
@@ -103,50 +115,57 @@ def snapshot(td3):
     }
 
 
-def test_twin_compiled_updates_match_eager(inductor_fallback_random):
+def check_twin_round(reference, other, batch, seed, checks, what, grads=True):
+    """One critic update, one actor update and one target update of two twins, compared; then re-synced.
+
+    grads=False: other's gradients cannot be read (the call that records its CUDA graphs, see SameUpdates)."""
+    lr = reference.args.learning_rate
+    losses = {}
+    for label, td3 in (("reference", reference), ("other", other)):
+        torch.manual_seed(seed)  # the target policy smoothing noise
+        losses[label] = leaves(td3.update_critic(batch))
+    assert losses["reference"].keys() == {"qf_loss", "qf1_values"}
+    assert_leaves_close(losses["other"], losses["reference"], f"{what} critic losses")
+    checks["Q"].check(other.qnet_params, reference.qnet_params, lr, what, grads)
+
+    losses = {label: leaves(td3.update_actor(batch)) for label, td3 in (("reference", reference), ("other", other))}
+    assert losses["reference"].keys() == {"actor_loss"}
+    assert_leaves_close(losses["other"], losses["reference"], f"{what} actor loss")
+    checks["actor"].check(other.actor, reference.actor, lr, what, grads)
+
+    reference.update_targets()
+    other.update_targets()
+    for group in ("target_qnet_params", "target_actor_params"):
+        expected = getattr(reference, group)
+        assert_leaves_close(leaves(getattr(other, group)), leaves(expected), f"{what} {group}")
+        sync_(getattr(other, group), expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_compiled_updates_match_eager(device, inductor_fallback_random):
     module = load_script(TWIN)
-    eager = build(module, compile=False)
-    compiled = build(module, compile=True)
+    eager = build(module, device, compile=False)
+    compiled = build(module, device, compile=True)
     start = snapshot(eager)
     for group, tensors in snapshot(compiled).items():
-        assert_leaves_close(tensors, start[group], f"initial {group}")
+        assert_leaves_close(tensors, start[group], f"initial {group}", rtol=0, atol=0)
 
-    batch = random_batch(BATCH, OBS_DIM, ACTION_DIM, seed=123)
+    checks = {"Q": SameUpdates("Q update"), "actor": SameUpdates("actor update")}
     for round_ in range(3):  # several rounds: Adam's moments and step count, and the targets, take part
-        losses = {}
-        for label, td3 in (("eager", eager), ("compiled", compiled)):
-            torch.manual_seed(1000 + round_)  # the target policy smoothing noise
-            losses[label] = leaves(td3.update_critic(batch))
-        assert {"qf_loss", "qf1_values"} == losses["eager"].keys()
-        assert_leaves_close(losses["compiled"], losses["eager"], f"round {round_} critic losses")
-        assert_leaves_close(
-            leaves(compiled.qnet_params.data), leaves(eager.qnet_params.data), f"round {round_} Q parameters"
-        )
-
-        losses = {label: leaves(td3.update_actor(batch)) for label, td3 in (("eager", eager), ("compiled", compiled))}
-        assert {"actor_loss"} == losses["eager"].keys()
-        assert_leaves_close(losses["compiled"], losses["eager"], f"round {round_} actor loss")
-        assert_leaves_close(snapshot(compiled)["actor"], snapshot(eager)["actor"], f"round {round_} actor parameters")
-
-        eager.update_targets()
-        compiled.update_targets()
-        after_eager, after_compiled = snapshot(eager), snapshot(compiled)
-        for group in ("target_qnet", "target_actor"):
-            assert_leaves_close(after_compiled[group], after_eager[group], f"round {round_} {group}")
+        batch = random_batch(BATCH, OBS_DIM, ACTION_DIM, seed=123 + round_, device=device)
+        check_twin_round(eager, compiled, batch, 1000 + round_, checks, f"round {round_}")
 
     end = snapshot(eager)
     for group in ("qnet", "target_qnet", "actor", "target_actor"):
         assert_changed(start[group], end[group], f"eager twin's {group}")
-    for label, td3 in (("eager", eager), ("compiled", compiled)):
-        for key, value in leaves(td3.update_critic(batch)).items():
-            assert torch.isfinite(value).all(), f"{label} {key} is not finite"
 
 
-def test_twin_compiled_policy_matches_eager(inductor_fallback_random):
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_compiled_policy_matches_eager(device, inductor_fallback_random):
     # --compile leaves acting eager on CPU and compiles it on CUDA: compiled here by hand, it must act the same.
-    eager = build(load_script(TWIN), compile=False)
+    eager = build(load_script(TWIN), device, compile=False)
     compiled_policy = torch.compile(eager.policy)
-    obs = torch.randn(1, OBS_DIM, generator=torch.Generator().manual_seed(7))
+    obs = torch.randn(1, OBS_DIM, generator=torch.Generator().manual_seed(7)).to(device)
     actions = {}
     for label, policy in (("eager", eager.policy), ("compiled", compiled_policy)):
         torch.manual_seed(42)
@@ -157,7 +176,84 @@ def test_twin_compiled_policy_matches_eager(inductor_fallback_random):
     assert not torch.equal(actions["eager"][0], actions["eager"][1]), "the policy does not explore"
 
 
-def test_twin_eager_updates_match_plain():
+@requires_cuda
+def test_twin_captured_updates_and_policy_match_uncaptured(inductor_fallback_random):
+    """CudaGraphModule(warmup=5): calls 1-4 run eagerly on a side stream, call 5 runs once and records the graph,
+    calls 6-8 replay it. Each call is compared with the uncaptured compiled twin's; before call 7 other values are
+    written in place into every tensor the graphs read (the networks and both targets): the replays follow."""
+    module = load_script(TWIN)
+    uncaptured = build(module, "cuda", compile=True)
+    captured = build(module, "cuda", compile=True, cudagraphs=True)
+    for group, tensors in snapshot(captured).items():
+        assert_leaves_close(tensors, snapshot(uncaptured)[group], f"initial {group}", rtol=0, atol=0)
+
+    checks = {"Q": SameUpdates("Q update"), "actor": SameUpdates("actor update")}
+    for call in range(1, 9):
+        if call == 7:
+            others = build(module, "cuda", seed=1)
+            for td3 in (uncaptured, captured):
+                for group in ("qnet_params", "target_qnet_params", "actor", "target_actor_params"):
+                    sync_(getattr(td3, group), getattr(others, group))
+        batch = random_batch(BATCH, OBS_DIM, ACTION_DIM, seed=call, device="cuda")
+        check_twin_round(uncaptured, captured, batch, 100 * call, checks, f"call {call}", grads=call != 5)
+
+        obs = torch.randn(3, OBS_DIM, generator=torch.Generator().manual_seed(call)).to("cuda")
+        actions = {}
+        for label, td3 in (("uncaptured", uncaptured), ("captured", captured)):
+            torch.manual_seed(100 * call + 1)  # the exploration noise
+            actions[label] = td3.policy(obs)
+        torch.testing.assert_close(actions["captured"], actions["uncaptured"], rtol=RTOL, atol=ATOL)
+    assert captured.update_critic.counter == captured.update_actor.counter == captured.policy.counter == 5, (
+        "the updates and the policy were not captured"
+    )
+
+
+@requires_cuda
+def test_twin_captured_random_numbers_change_between_replays():
+    """The twin as a run with --compile --cudagraphs uses it (inductor's own random numbers on CUDA): after the
+    capture, each replay draws new noise (the policy's exploration noise, the critic's target policy smoothing);
+    seeded alike from identical parameters, two replays agree."""
+    td3 = build(load_script(TWIN), "cuda", compile=True, cudagraphs=True)
+    batch = random_batch(BATCH, OBS_DIM, ACTION_DIM, seed=5, device="cuda")
+    obs = torch.randn(1, OBS_DIM, generator=torch.Generator().manual_seed(7)).to("cuda")
+    for _ in range(6):  # the 5th call records the graphs, the 6th replays them
+        td3.update_critic(batch)
+        td3.update_actor(batch)
+        td3.policy(obs)
+    assert td3.update_critic.counter == td3.update_actor.counter == td3.policy.counter == 5
+
+    first, second = td3.policy(obs), td3.policy(obs)
+    assert not torch.equal(first, second), "two replays of the policy drew the same exploration noise"
+    replays = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        replays.append(td3.policy(obs))
+    torch.testing.assert_close(replays[1], replays[0], rtol=0, atol=0)
+
+    # The critic's loss comes before the optimizer step: from the same parameters, it depends on the noise alone.
+    saved = leaves(td3.qnet_params.data)
+
+    def replay(seed):
+        sync_(td3.qnet_params, saved)
+        torch.manual_seed(seed)
+        return td3.update_critic(batch)["qf_loss"].clone()
+
+    seed_1, seed_2, seed_1_again = replay(1), replay(2), replay(1)
+    assert not torch.allclose(seed_2, seed_1, rtol=RTOL, atol=ATOL), "another seed, the same smoothing noise"
+    torch.testing.assert_close(seed_1_again, seed_1, rtol=RTOL, atol=ATOL, msg="same seed, other smoothing noise")
+
+
+def plain_stacked_q(plain):
+    """The plain agent's two Q networks as the twin's stacked parameters (copies), their gradients stacked too."""
+    stacked = {}
+    for (name, first), (_, second) in zip(plain.qf1.named_parameters(), plain.qf2.named_parameters(), strict=True):
+        stacked[name] = torch.stack([first.detach(), second.detach()])
+        stacked[name].grad = torch.stack([first.grad, second.grad])
+    return stacked
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_eager_updates_match_plain(device):
     """Same start, same batch, same noise: the twin's eager updates compute what the plain script computes.
 
     The plain agent's target networks are not exposed; they enter the next round's critic loss, which is compared.
@@ -165,21 +261,23 @@ def test_twin_eager_updates_match_plain():
     plain_module, twin_module = load_script(PLAIN), load_script(TWIN)
     # More target smoothing noise than the default: the noise clip and the clamp to the action bounds both act.
     noise = dict(policy_noise=1.0, noise_clip=0.8)
-    plain, twin = build(plain_module, **noise), build(twin_module, **noise)
+    plain, twin = build(plain_module, device, **noise), build(twin_module, device, **noise)
+    lr = twin.args.learning_rate
 
     def plain_qnet():
         """The plain agent's two Q networks, stacked like the twin's ensemble (a copy)."""
         return torch.stack([TensorDict.from_module(plain.qf1).data, TensorDict.from_module(plain.qf2).data]).clone()
 
     # Give the twin the plain agent's networks; the targets start as copies of the networks in both.
-    twin.actor.load_state_dict(plain.actor.state_dict())
-    twin.target_actor_params.update_(TensorDict.from_module(plain.actor).data)
+    sync_(twin.actor, plain.actor)
+    sync_(twin.target_actor_params, TensorDict.from_module(plain.actor).data)
     start = plain_qnet()
     assert leaves(start).keys() == leaves(twin.qnet_params.data).keys()
-    twin.qnet_params.data.update_(start)
-    twin.target_qnet_params.update_(start)
+    sync_(twin.qnet_params, start)
+    sync_(twin.target_qnet_params, start)
 
-    batch = random_batch(BATCH, OBS_DIM, ACTION_DIM, seed=321)
+    checks = {"Q": SameUpdates("Q update"), "actor": SameUpdates("actor update")}
+    batch = random_batch(BATCH, OBS_DIM, ACTION_DIM, seed=321, device=device)
     plain_batch = {key: value.clone() for key, value in batch.items()}
     for round_ in range(3):
         torch.manual_seed(round_)
@@ -187,18 +285,18 @@ def test_twin_eager_updates_match_plain():
         torch.manual_seed(round_)
         twin_losses = twin.update_critic(batch)
         assert_leaves_close(leaves(twin_losses), plain_losses, f"round {round_} critic losses")
-        assert_leaves_close(leaves(twin.qnet_params.data), leaves(plain_qnet()), f"round {round_} Q parameters")
+        checks["Q"].check(twin.qnet_params, plain_stacked_q(plain), lr, f"round {round_}")
 
         plain_losses = plain.update_actor(plain_batch)
         twin_losses = twin.update_actor(batch)
         assert_leaves_close(leaves(twin_losses), plain_losses, f"round {round_} actor loss")
-        assert_leaves_close(twin.actor.state_dict(), plain.actor.state_dict(), f"round {round_} actor")
+        checks["actor"].check(twin.actor, plain.actor, lr, f"round {round_}")
 
         plain.update_targets()
         twin.update_targets()
     assert_changed(leaves(start), leaves(plain_qnet()), "plain Q networks")
 
-    obs = torch.randn(5, OBS_DIM, generator=torch.Generator().manual_seed(9))
+    obs = torch.randn(5, OBS_DIM, generator=torch.Generator().manual_seed(9)).to(device)
     torch.manual_seed(5)
     plain_actions = plain.policy(obs)
     torch.manual_seed(5)
@@ -263,7 +361,7 @@ def test_same_seed_same_returns(name):
     check_same_seed_same_returns(name)
 
 
-# --- 7 and 8. --results-path, and every flag combination of the twin on CPU -------------------------------------
+# --- 7 and 8. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA -----------------
 
 
 def test_plain_results_line_is_appended(tmp_path):
@@ -272,3 +370,8 @@ def test_plain_results_line_is_appended(tmp_path):
 
 def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
     check_twin_runs_with_every_flag_combination(TWIN, "td3", tmp_path)
+
+
+@requires_cuda
+def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
+    check_twin_runs_with_cudagraphs_on_cuda(TWIN, "td3", tmp_path)
