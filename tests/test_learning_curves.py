@@ -1,0 +1,337 @@
+"""benchmarks/learning_curves.py: tiny runs are recorded episode by episode as the scripts report them, stamped with
+the env steps; a rerun skips the recorded seeds; the plot draws the published figures the issue gives and the table
+sets ours beside them; bad input gets one line and exit status 2.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import matplotlib.image
+import matplotlib.pyplot as plt
+import pytest
+import torch
+from conftest import REPO_ROOT, describe, run_in_process
+
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import learning_curves  # noqa: E402
+
+TOOL = REPO_ROOT / "benchmarks" / "learning_curves.py"
+SAC = "sac_continuous_action_torchcompile"
+# Two 200-step Pendulum episodes, ending at env steps 200 and 400; 100 training steps.
+SAC_FLAGS = ("--env-id", "Pendulum-v1", "--total-timesteps", "400", "--learning-starts", "300", "--batch-size", "32")
+
+
+def run_tool(*args):
+    """The tool in a subprocess from the repository root, on the CPU."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    command = [sys.executable, str(TOOL), *map(str, args)]
+    return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def records(folder):
+    return {path.name: json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))}
+
+
+# --- Recording and resuming ---------------------------------------------------------------------------------------
+
+
+def test_run_records_the_scripts_episodes_and_a_rerun_skips_recorded_seeds(tmp_path):
+    first = run_tool("run", "--script", SAC, "--seeds", 1, "--out", tmp_path, "--", *SAC_FLAGS)
+    assert first.returncode == 0, describe(first)
+    ((name, record),) = records(tmp_path).items()
+    assert name == learning_curves.record_name(SAC, list(SAC_FLAGS), 1)
+    assert record["script"] == f"{SAC}.py" and record["algo"] == "sac" and record["env_id"] == "Pendulum-v1"
+    assert record["seed"] == 1 and record["flags"] == list(SAC_FLAGS)
+    assert record["total_timesteps"] == record["steps"] == 400
+    assert record["command"].endswith(f"python leanrl/{SAC}.py {' '.join(SAC_FLAGS)} --seed 1")
+    assert record["machine"]["torch"] == torch.__version__ and record["wall_seconds"] > 0
+    # The episodes' ends, and their returns: those the script itself reports for this seed.
+    assert [step for step, _ in record["episodes"]] == [200, 400]
+    reported = run_in_process(SAC, *SAC_FLAGS, "--seed", 1)["episode_returns"]
+    assert [ret for _, ret in record["episodes"]] == reported
+
+    path = tmp_path / name
+    before = (path.stat().st_mtime_ns, path.read_bytes())
+    second = run_tool("run", "--script", SAC, "--seeds", 1, 2, "--out", tmp_path, "--", *SAC_FLAGS)
+    assert second.returncode == 0, describe(second)
+    assert f"seed 1: done before, skipped ({path})" in second.stdout
+    assert second.stdout.count("400 steps on Pendulum-v1") == 1, "seed 1 ran again, or seed 2 did not run"
+    assert (path.stat().st_mtime_ns, path.read_bytes()) == before
+    seed_2 = records(tmp_path)[learning_curves.record_name(SAC, list(SAC_FLAGS), 2)]
+    assert seed_2["seed"] == 2 and [step for step, _ in seed_2["episodes"]] == [200, 400]
+    assert seed_2["episodes"] != record["episodes"]
+
+
+def test_vector_env_episodes_are_stamped_with_the_steps_of_every_env(tmp_path):
+    """Continuous PPO, 2 Pendulum envs reset in the step that ends an episode: both episodes end at vector step 200,
+    env step 400 (a count per env would say 399 for the first)."""
+    flags = ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "100", "--total-timesteps", "400"]
+    flags += ["--num-minibatches", "2", "--update-epochs", "1"]
+    completed = run_tool("run", "--script", "ppo_continuous_action", "--seeds", 3, "--out", tmp_path, "--", *flags)
+    assert completed.returncode == 0, describe(completed)
+    (record,) = records(tmp_path).values()
+    assert record["algo"] == "ppo_continuous" and record["steps"] == 400
+    assert [step for step, _ in record["episodes"]] == [400, 400]
+
+
+def test_atari_games_are_recorded_with_their_unclipped_scores(tmp_path):
+    """envpool Atari: whole games over all lives, scored in the game's own points (Asterix: multiples of 50)."""
+    flags = ["--env-id", "Asterix-v5", "--num-envs", "2", "--num-steps", "128", "--total-timesteps", "1536"]
+    flags += ["--num-minibatches", "2", "--update-epochs", "1"]
+    completed = run_tool("run", "--script", "ppo_atari_envpool", "--seeds", 1, "--out", tmp_path, "--", *flags)
+    assert completed.returncode == 0, describe(completed)
+    (record,) = records(tmp_path).values()
+    assert record["algo"] == "ppo_atari" and record["steps"] == 1536
+    steps = [step for step, _ in record["episodes"]]
+    assert len(steps) >= 3 and steps == sorted(steps) and steps[-1] <= 1536
+    assert all(step % 2 == 0 for step in steps), steps
+    assert all(ret % 50 == 0 for _, ret in record["episodes"]) and max(ret for _, ret in record["episodes"]) > 50
+
+
+# A stand-in for the DQN twin (it bears its name), fast and torch-free: CartPole in a SyncVectorEnv that resets an
+# env on the step after its episode ends (gymnasium's default), random actions, then an evaluation env beside it. It
+# writes where each training episode ended (its own global step) to --ends-file; --wrong reports a wrong return,
+# --stop-at N stops the run at step N as an interrupted run would, without an error.
+FAKE_SCRIPT = """
+import json
+import sys
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+
+flags = sys.argv[1:]
+flag = lambda name, default=None: flags[flags.index(name) + 1] if name in flags else default
+args = SimpleNamespace(env_id="CartPole-v1", total_timesteps=int(flag("--total-timesteps")))
+seed = int(flag("--seed"))
+envs = gym.vector.SyncVectorEnv(
+    [lambda: gym.wrappers.RecordEpisodeStatistics(gym.make(args.env_id)) for _ in range(2)]
+)
+envs.action_space.seed(seed)
+envs.reset(seed=seed)
+episode_returns, ends, global_step = [], [], 0
+while global_step < int(flag("--stop-at", args.total_timesteps)):
+    global_step += envs.num_envs
+    infos = envs.step(envs.action_space.sample())[-1]
+    for index in np.flatnonzero(infos.get("_episode", [])):
+        episode_returns.append(float(infos["episode"]["r"][index]))
+        ends.append(global_step)
+evaluation = gym.make(args.env_id)
+for episode in range(2):
+    evaluation.reset(seed=seed + episode)
+    while not any(evaluation.step(evaluation.action_space.sample())[2:4]):
+        pass
+if "--wrong" in flags:
+    episode_returns[0] += 1.0
+with open(flag("--ends-file"), "w") as f:
+    json.dump(ends, f)
+"""
+
+
+@pytest.fixture
+def fake_script(tmp_path):
+    path = tmp_path / "dqn_torchcompile.py"
+    path.write_text(FAKE_SCRIPT)
+    return path
+
+
+def test_vector_env_resetting_on_the_next_step_and_an_evaluation_env(fake_script, tmp_path):
+    """The stamps are the script's own global steps, reset steps counted; the evaluation env's episodes stay out.
+    A batch with another budget in the same folder is told of the records there and makes its own."""
+    out, ends_file = tmp_path / "records", tmp_path / "ends.json"
+    for budget in (300, 400):
+        flags = ["--total-timesteps", budget, "--ends-file", ends_file]
+        completed = run_tool("run", "--script", fake_script, "--seeds", 5, "--out", out, "--", *flags)
+        assert completed.returncode == 0, describe(completed)
+        record = records(out)[learning_curves.record_name("dqn_torchcompile", list(map(str, flags)), 5)]
+        ends = json.loads(ends_file.read_text())
+        assert len(ends) >= 5 and [step for step, _ in record["episodes"]] == ends
+        assert record["steps"] == budget and record["env_id"] == "CartPole-v1" and record["algo"] == "dqn"
+    assert (
+        f"also holds records of dqn_torchcompile.py with other flags (--total-timesteps 300 --ends-file {ends_file})"
+        in (completed.stdout)
+    )
+    assert len(records(out)) == 2
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [(["--wrong"], "episode_returns"), (["--stop-at", "200"], "stopped at env step 200 of 300")],
+    ids=["wrong-returns", "stopped-early"],
+)
+def test_no_record_when_the_episodes_are_not_the_scripts_or_the_run_stopped(fake_script, tmp_path, extra, words):
+    flags = ["--total-timesteps", 300, "--ends-file", tmp_path / "ends.json", *extra]
+    completed = run_tool("run", "--script", fake_script, "--seeds", 1, "--out", tmp_path / "out", "--", *flags)
+    assert completed.returncode == 1, describe(completed)
+    assert words in completed.stderr and "Traceback" not in completed.stderr, describe(completed)
+    assert not records(tmp_path / "out") and not list((tmp_path / "out").iterdir()), "a record or a temporary file"
+
+
+# --- Plot and table -----------------------------------------------------------------------------------------------
+
+# The published figures of the issue, per panel: (step, mean, std, marker: o for training episodes, D for evaluation).
+ISSUE_FIGURES = {
+    "sac on HalfCheetah-v5": [
+        (100_000, 6515, 514, "D"), (200_000, 8208, 928, "D"), (300_000, 9059, 1051, "D"),  # Tianshou
+        (1_000_000, 9634.89, 1423.73, "o"),  # CleanRL
+    ],
+    "td3 on HalfCheetah-v5": [
+        (100_000, 5513, 554, "D"), (200_000, 6833, 683, "D"), (300_000, 7697, 727, "D"),  # TD3 paper
+        (1_000_000, 9567, 833, "D"), (1_000_000, 9583.22, 126.09, "o"),  # TD3 paper, CleanRL
+    ],
+    "ppo_continuous on HalfCheetah-v5": [(1_000_000, 1442.64, 46.03, "o")],
+    "dqn on CartPole-v1": [(500_000, 488.69, 16.11, "o")],
+    "ppo_atari on Breakout-v5": [(10_000_000, 211.24, 151.84, "o"), (10_000_000, 420.92, 16.75, "o")],
+}  # fmt: skip
+# (script, algo, env, budget) of a hand-made folder of records: one panel per entry of ISSUE_FIGURES, and one without.
+PANELS = [
+    ("sac_continuous_action_torchcompile", "sac", "HalfCheetah-v5", 300_000),
+    ("td3_continuous_action_torchcompile", "td3", "HalfCheetah-v5", 300_000),
+    ("ppo_continuous_action_torchcompile", "ppo_continuous", "HalfCheetah-v5", 1_000_000),
+    ("dqn_torchcompile", "dqn", "CartPole-v1", 500_000),
+    ("ppo_atari_envpool_torchcompile", "ppo_atari", "Breakout-v5", 2_000_000),
+    ("sac_continuous_action", "sac", "Pendulum-v1", 10_000),
+]
+
+
+def write_record(folder, script, algo, env_id, budget, seed, flags=("--compile",)):
+    """A record as `run` writes it; an episode ends every 1000 steps with return step / 100 + 10 * seed."""
+    flags = [*flags, "--total-timesteps", str(budget)]
+    episodes = [[step, step / 100 + 10 * seed] for step in range(1000, budget + 1, 1000)]
+    machine = dict(cpu="Test CPU", cores=2, gpu=None, torch="2.13.0", torch_threads=1)
+    record = dict(script=f"{script}.py", script_path=f"leanrl/{script}.py", algo=algo, env_id=env_id, seed=seed,
+                  flags=flags, command="", omp_num_threads="1", machine=machine, device="cpu",
+                  total_timesteps=budget, steps=budget, wall_seconds=1800.0 * seed, episodes=episodes)  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / learning_curves.record_name(script, flags, seed)).write_text(json.dumps(record))
+
+
+@pytest.fixture
+def made_records(tmp_path):
+    for script, algo, env_id, budget in PANELS:
+        for seed in (1, 2):
+            write_record(tmp_path / "twins", script, algo, env_id, budget, seed)
+    write_record(tmp_path / "plain", "sac_continuous_action", "sac", "HalfCheetah-v5", 300_000, 1, flags=())
+    return tmp_path
+
+
+def drawn_figures(ax):
+    """(step, mean, std, marker) of each published point an axes shows (errorbars)."""
+    points = []
+    for container in ax.containers:
+        line, _, (bars,) = container.lines
+        for x, y, ((_, low), (_, high)) in zip(line.get_xdata(), line.get_ydata(), bars.get_segments(), strict=True):
+            points.append((x, y, pytest.approx((high - low) / 2), line.get_marker()))
+    return points
+
+
+def test_plot_draws_the_issues_published_figures(made_records):
+    panels = learning_curves.read_folders([made_records / "twins", made_records / "plain"])
+    fig = learning_curves.figure(panels, window=20)
+    axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    plt.close(fig)
+    assert set(axes) == {*ISSUE_FIGURES, "sac on Pendulum-v1"}
+    for title, expected in ISSUE_FIGURES.items():
+        assert sorted(drawn_figures(axes[title])) == sorted(expected), title
+    assert drawn_figures(axes["sac on Pendulum-v1"]) == []
+    # Twin (2 seeds) and plain script (1 seed) on the same axes: the mean of seed 1 and 2's curves, and seed 1's.
+    curves = {
+        line.get_label(): line for line in axes["sac on HalfCheetah-v5"].get_lines() if "(seed" in line.get_label()
+    }
+    assert set(curves) == {
+        "sac_continuous_action_torchcompile.py --compile --total-timesteps 300000 (seeds 1, 2)",
+        "sac_continuous_action.py --total-timesteps 300000 (seed 1)",
+    }
+    twin = curves["sac_continuous_action_torchcompile.py --compile --total-timesteps 300000 (seeds 1, 2)"]
+    x, y = twin.get_xdata(), twin.get_ydata()
+    assert x[-1] == 300_000 and y[-1] == pytest.approx(2905 + 15)  # episodes 281k..300k: returns 2810..3000
+
+
+def markdown_rows(text, heading):
+    """The rows of the table under `## heading`, as {column: cell}."""
+    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    return [dict(zip(header, row, strict=True)) for row in rows]
+
+
+def test_plot_command_writes_the_png_and_the_table_of_ours_beside_the_published(made_records):
+    out = made_records / "docs" / "curves.png"
+    completed = run_tool("plot", made_records / "twins", made_records / "plain", "--out", out)
+    assert completed.returncode == 0, describe(completed)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    height, width, _ = matplotlib.image.imread(out).shape
+    assert height > 500 and width > 500, (height, width)
+
+    text = out.with_suffix(".md").read_text()
+    assert "![return curves](curves.png)" in text
+    rows = markdown_rows(text, "sac on HalfCheetah-v5")
+    twin = "`sac_continuous_action_torchcompile.py --compile --total-timesteps 300000`"
+    by_step = {row["step"]: row for row in rows if row["run"] == twin}
+    assert list(by_step) == ["100,000", "200,000", "300,000", "1,000,000"], "a row per published step, none at the end"
+    # Episodes 81k..100k, returns 810..1000 + 10 * seed: 915 and 925.
+    assert by_step["100,000"] == {
+        "step": "100,000", "run": twin, "ours": "920.0 ± 5.0", "per seed": "1: 915.0, 2: 925.0",
+        "ours averages": "last 20 episodes", "published": "6515 ± 514 (10 seeds)", "kind": "deterministic evaluation",
+        "source": "Tianshou's MuJoCo benchmark, 10 evaluation episodes each, HalfCheetah-v3",
+    }  # fmt: skip
+    assert by_step["1,000,000"]["ours"] == "not reached (runs end at 300,000)"
+    assert by_step["1,000,000"]["published"] == "9634.89 ± 1423.73 (3 seeds)"
+    assert by_step["1,000,000"]["kind"] == "training episodes"
+    plain = [row for row in rows if row["run"] == "`sac_continuous_action.py --total-timesteps 300000`"]
+    assert plain[2]["ours"] == "2915.0" and plain[2]["per seed"] == "1: 2915.0"
+    assert "The published figures are on HalfCheetah-v3, HalfCheetah-v4; ours on HalfCheetah-v5." in text
+    # CleanRL's figure is the mean of its last 100 training episodes: ours beside it too.
+    (dqn,) = markdown_rows(text, "dqn on CartPole-v1")[:1]
+    assert dqn["ours averages"] == "last 100 episodes" and dqn["ours"] == "4520.0 ± 5.0"  # 4010..5000 + 10 * seed
+    atari = markdown_rows(text, "ppo_atari on Breakout-v5")
+    assert [row["step"] for row in atari] == ["10,000,000", "10,000,000", "2,000,000 (end)"]
+    assert atari[-1]["ours"] == "19920.0 ± 5.0" and atari[-1]["published"] == "–"
+    assert (
+        "`OMP_NUM_THREADS=1 python benchmarks/learning_curves.py run --script sac_continuous_action_torchcompile "
+        f"--seeds 1 2 --out {made_records / 'twins'} -- --compile --total-timesteps 300000`: runs of 0.50, 1.00 h"
+    ) in text
+
+
+# --- Bad input ----------------------------------------------------------------------------------------------------
+
+BAD_INPUT = {
+    "unknown-script": (["run", "--script", "nope", "--seeds", "1", "--out", "{tmp}"], "no script 'nope'"),
+    "seed-flag": (["run", "--script", SAC, "--seeds", "1", "--out", "{tmp}", "--", "--seed", "3"], "--seeds"),
+    "repeated-seed": (["run", "--script", SAC, "--seeds", "1", "1", "--out", "{tmp}"], "distinct"),
+    "no-seeds": (["run", "--script", SAC, "--out", "{tmp}"], "--seeds"),
+    "out-is-a-file": (["run", "--script", SAC, "--seeds", "1", "--out", "{tmp}/file"], "is a file"),
+    "not-a-record": (["run", "--script", SAC, "--seeds", "1", "--out", "{tmp}"], "is not the record of this run"),
+    "plot-no-records": (["plot", "{tmp}/empty"], "no records"),
+    "plot-no-folder": (["plot", "{tmp}/missing"], "no folder"),
+    "plot-window": (["plot", "{tmp}", "--window", "0"], "--window"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUT)
+def test_bad_input_exits_2_with_one_line(case, tmp_path, monkeypatch, capsys):
+    """In this process (none of these cases starts a run): exit status 2, one line on stderr, nothing written."""
+    args, words = BAD_INPUT[case]
+    (tmp_path / "file").write_text("")
+    (tmp_path / "empty").mkdir()
+    if case == "not-a-record":
+        (tmp_path / learning_curves.record_name(SAC, [], 1)).write_text("{}")  # where seed 1's record would go
+    before = sorted(tmp_path.rglob("*"))
+    monkeypatch.setattr(sys, "argv", [str(TOOL), *(arg.format(tmp=tmp_path) for arg in args)])
+    with pytest.raises(SystemExit) as exit_:
+        learning_curves.main()
+    assert exit_.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and words in lines[0], lines
+    assert sorted(tmp_path.rglob("*")) == before, "bad input wrote something"
+
+
+def test_flags_the_script_refuses_stop_the_batch_with_its_own_line(tmp_path):
+    completed = run_tool("run", "--script", SAC, "--seeds", 1, 2, "--out", tmp_path, "--", "--total-timesteps", 0)
+    assert completed.returncode == 2, describe(completed)
+    lines = [line for line in completed.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "total-timesteps" in lines[0], describe(completed)
+    assert "Traceback" not in completed.stdout + completed.stderr
+    assert "seed 2" not in completed.stdout and not list(tmp_path.iterdir())
