@@ -7,7 +7,7 @@
 #   smoke    every twin on CUDA with no flag, --compile, --cudagraphs and both, then every plain script, on the
 #            full runs' envs for a few thousand steps, with TORCH_LOGS=recompiles: a crash, a recompile after
 #            the warm-up or a missing results line is reported as FAILED (logs in OUT_DIR/smoke/).
-#   tests    python -m pytest tests: the CPU suite and its CUDA cases (OUT_DIR/pytest.log).
+#   tests    python -m pytest -n auto tests: the CPU suite and its CUDA cases (OUT_DIR/pytest.log).
 #   speedup:S  ./run.sh --quick for seed S, every pair and variant (OUT_DIR/speedup-seedS/). One seed is one
 #            stage: on an H100 machine (16 cores), 17 of a seed's 20 runs took 9 minutes with a cold compile
 #            cache, about 12 s of each run being the imports of torch and the envs.
@@ -117,7 +117,7 @@ for stage in "${stages[@]}"; do
   echo "=== $stage ($(date +%H:%M:%S))"
   case $stage in
     smoke) smoke ;;
-    tests) "$python" -m pytest tests -q -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -n 40 || status=1 ;;
+    tests) "$python" -m pytest -n auto tests -q -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -n 40 || status=1 ;;
     speedup:*)
       seed=${stage#speedup:}
       rm -rf "$out/speedup-seed$seed"
