@@ -143,8 +143,11 @@ def run_in_process(name, *flags, timeout=DEFAULT_TIMEOUT_S, cuda=False):
 # Most tests keep one core busy (compiling, stepping an env, small matmuls): a worker per core runs the suite about
 # twice as fast on 2 cores. Each worker, and every run it starts, gets its share of the cores as threads: more
 # threads than cores make OpenMP's threads wait for one another, several times slower.
-# The longest tests (learning runs, every flag combination, run.sh) start first so that no worker is left with one
-# at the end; their names are matched by these prefixes, longest first.
+# The workers share the tests as pytest-xdist's `worksteal` mode does (pyproject.toml sets it): each worker starts
+# with an equal contiguous share of the collected order, and a worker that runs out takes half of the tests another
+# has not started. A test already started cannot move, so the longest ones (learning runs, run.sh, every flag
+# combination; matched by these name prefixes, longest first) are dealt out to the workers in turn, at the front of
+# their shares: no worker starts with most of them, and none is left with one at the end.
 LONGEST_FIRST = ("test_learns", "test_tiny_run_of_every_pair", "test_twin_runs_with_every_flag_combination")
 
 
@@ -159,9 +162,26 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     def rank(item):
         prefixes = [index for index, prefix in enumerate(LONGEST_FIRST) if item.name.startswith(prefix)]
-        return prefixes[0] if prefixes else len(LONGEST_FIRST)
+        return prefixes[0] if prefixes else None
 
-    items.sort(key=rank)  # stable: the rest keep their order
+    longest = sorted((item for item in items if rank(item) is not None), key=rank)  # stable: file order within a rank
+    others = [item for item in items if rank(item) is None]
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    # The share sizes worksteal gives out at the start: worker i gets len(rest) // (workers - i) of the rest.
+    sizes, left = [], len(items)
+    for worker in range(workers):
+        sizes.append(left // (workers - worker))
+        left -= sizes[-1]
+    # Dealt back and forth (0, 1, 1, 0, 0, 1, ... for two workers), so that the slower of each pair of similar tests
+    # (a plain script and its twin) does not always go to the same worker.
+    shares = [[] for _ in range(workers)]
+    for index, item in enumerate(longest):
+        turn, seat = divmod(index, workers)
+        shares[seat if turn % 2 == 0 else workers - 1 - seat].append(item)
+    for share, size in zip(shares, sizes, strict=True):
+        while len(share) < size and others:
+            share.append(others.pop(0))
+    items[:] = [item for share in shares for item in share] + others
 
 
 @pytest.fixture(autouse=True)
@@ -511,6 +531,27 @@ def check_bad_input(name, flags, expected_words, tmp_path):
     assert "Traceback" not in completed.stderr + completed.stdout, describe(completed)
     lines = [line for line in completed.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, describe(completed)
+    message = lines[0].replace("_", "-")
+    for word in expected_words:
+        assert word in message, f"{word!r} not in {lines[0]!r}"
+    assert not results.exists(), "a failed run wrote results"
+
+
+def check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys):
+    """check_bad_input for a run of the script's __main__ in this process: a subprocess per case costs seconds of
+    imports. Anything but SystemExit (a traceback) propagates and fails the test."""
+    results = tmp_path / "results.jsonl"
+    saved_argv = sys.argv
+    sys.argv = [str(script_path(name)), *map(str, flags), "--no-cuda", "--results-path", str(results)]
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            runpy.run_path(str(script_path(name)), run_name="__main__")
+    finally:
+        sys.argv = saved_argv
+    stdout, stderr = capsys.readouterr()
+    assert exit_.value.code == 2, (exit_.value.code, stdout, stderr)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"{name}.py: error: "), lines
     message = lines[0].replace("_", "-")
     for word in expected_words:
         assert word in message, f"{word!r} not in {lines[0]!r}"

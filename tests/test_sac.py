@@ -19,6 +19,7 @@ from conftest import (
     assert_leaves_close,
     check_args_of_the_pair_match,
     check_bad_input,
+    check_bad_input_in_process,
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
     check_same_seed_same_returns,
@@ -53,11 +54,12 @@ def build(module, device="cpu", seed=0, **arg_overrides):
 
 # --- 1. Learning ----------------------------------------------------------------------------------------------
 
-# Seed 1 is not cherry-picked: seeds 1 and 2 both pass with a wide margin (mean of the last 10 returns about -140
-# and -165 for both scripts; the rolling mean crosses -300 near episode 24 of 60 and stays above).
+# Seed 1 is not cherry-picked: seeds 1 and 2 both pass with a wide margin. The mean of the last 10 returns at the
+# end of this budget (40 episodes): seed 1 -132 (plain) and -131 (twin with --compile), seed 2 -148 and -148; the
+# rolling mean crosses -300 near episode 24 and stays above through episode 60 (2-core AMD EPYC VM, 1 thread).
 LEARNING_SEED = 1
 LEARNING_STARTS = 1000
-LEARNING_STEPS = 12000
+LEARNING_STEPS = 8000
 LEARNING_THRESHOLD = -300.0  # random policy: about -1200 on Pendulum-v1; a solved one: about -150
 
 
@@ -332,8 +334,15 @@ BAD_INPUTS = {
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path):
+def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path, capsys):
     flags, expected_words = BAD_INPUTS[case]
+    check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_bad_input_from_the_command_line(name, tmp_path):
+    """One case as a user meets it, in a subprocess: one line, exit status 2, no traceback."""
+    flags, expected_words = BAD_INPUTS["unknown-env"]
     check_bad_input(name, flags, expected_words, tmp_path)
 
 

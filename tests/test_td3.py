@@ -18,6 +18,7 @@ from conftest import (
     assert_leaves_close,
     check_args_of_the_pair_match,
     check_bad_input,
+    check_bad_input_in_process,
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
     check_same_seed_same_returns,
@@ -348,8 +349,15 @@ BAD_INPUTS = {
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path):
+def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path, capsys):
     flags, expected_words = BAD_INPUTS[case]
+    check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_bad_input_from_the_command_line(name, tmp_path):
+    """One case as a user meets it, in a subprocess: one line, exit status 2, no traceback."""
+    flags, expected_words = BAD_INPUTS["unknown-env"]
     check_bad_input(name, flags, expected_words, tmp_path)
 
 
