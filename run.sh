@@ -18,13 +18,15 @@ the end benchmarks/speedup_table.py writes DIR/speedup.md, DIR/sps.png and DIR/f
 
 Modes (each run's budget flags are in the budget table near the top of run.sh):
   (default)          full budgets, the scripts' own defaults (CleanRL's: 1M steps of HalfCheetah-v5 for
-                     SAC, TD3 and PPO, 10M of Breakout for Atari PPO): about a week on a 2-core CPU.
+                     SAC, TD3 and PPO, 10M of Breakout for Atari PPO, 500k of CartPole-v1 for DQN): about a
+                     week on a 2-core CPU.
   --quick            the envs of the full runs, a budget just long enough for a steady sps (which counts
                      neither the random warm-up nor the 3 burn-in iterations): SAC 5000 random + 1500
                      training steps, TD3 25000 random (the default; a few seconds) + 1500, PPO 3 + 3
-                     rollouts (continuous: 2048 steps each; Atari: 8 envs x 128). Default 3 seeds: 36 runs on
-                     a CPU, about 12 minutes on 2 cores (measured: 11 min 12 s and 11 min 31 s on a 2-core
-                     Xeon VM with a warm compile cache; a cold cache adds 20-30 s per compiled twin).
+                     rollouts (continuous: 2048 steps each; Atari: 8 envs x 128), DQN 10000 random + 20000
+                     (2000 gradient steps). Default 3 seeds: 45 runs on a CPU, about 12 minutes on 2 cores
+                     without DQN (measured: 11 min 12 s and 11 min 31 s on a 2-core Xeon VM with a warm compile
+                     cache; a cold cache adds 20-30 s per compiled twin); DQN adds about DQN_QUICK.
   --tiny             a few hundred steps per run on small envs, seed 1: checks that everything runs (CI);
                      its speeds mean nothing.
 Options (an environment variable of the same meaning in brackets; the option wins):
@@ -80,11 +82,13 @@ budget() { # $1: mode, $2: script
     quick/td3_continuous_action) echo "--total-timesteps 26500" ;; # 25000 random (a few s) + 1500 training
     quick/ppo_continuous_action) echo "--total-timesteps 12288" ;; # (3 burn-in + 3) rollouts of 2048 steps
     quick/ppo_atari_envpool) echo "--total-timesteps 6144" ;;      # (3 burn-in + 3) rollouts of 8 envs x 128
+    quick/dqn) echo "--total-timesteps 30000" ;;                   # 10000 random + 20000 (2000 gradient steps)
     tiny/sac_continuous_action | tiny/td3_continuous_action)
       echo "--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 200" ;;
     tiny/ppo_continuous_action) # 4 rollouts of 64 steps: one past the 3 burn-in iterations
       echo "--env-id InvertedPendulum-v5 --num-steps 64 --num-minibatches 2 --update-epochs 1 --total-timesteps 256" ;;
     tiny/ppo_atari_envpool) echo "--num-envs 2 --num-steps 32 --update-epochs 1 --total-timesteps 256" ;;
+    tiny/dqn) echo "--learning-starts 200 --batch-size 32 --total-timesteps 400" ;; # 20 gradient steps
     *) return 1 ;;
   esac
 }

@@ -35,6 +35,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parent.parent
 OBS_DIM, ACTION_DIM = 17, 6  # HalfCheetah-v5
+CARTPOLE_OBS_DIM, CARTPOLE_ACTIONS = 4, 2  # DQN's default env, CartPole-v1
 ACTION_BATCHES = (1, 4, 16, 256)
 _module_counter = itertools.count()
 
@@ -73,6 +74,17 @@ def ppo_minibatch(batch_size, device):
     ).to(device)
 
 
+def dqn_batch(batch_size, device):
+    return TensorDict(
+        observations=torch.randn(batch_size, CARTPOLE_OBS_DIM),
+        next_observations=torch.randn(batch_size, CARTPOLE_OBS_DIM),
+        actions=torch.randint(CARTPOLE_ACTIONS, (batch_size,)),
+        rewards=torch.ones(batch_size),
+        terminations=(torch.rand(batch_size) < 0.05).float(),
+        batch_size=[batch_size],
+    ).to(device)
+
+
 def off_policy_update(agent, batch, which):
     """One training step's work: a critic update, an actor update and a target update."""
     agent.update_critic(batch)
@@ -88,6 +100,24 @@ def ppo_update(agent, minibatch, which):
         agent.update(*(minibatch[key] for key in ("obs", "actions", "logprobs", "advantages", "returns", "values")))
 
 
+def dqn_update(agent, batch, which):
+    """One gradient step (a run makes one every train_frequency env steps; its target copy, every 500 steps, is left
+    out); the plain script's replay buffer gives a dict of tensors."""
+    agent.update(batch if which == "twin" else dict(batch.items()))
+
+
+def policy_act(agent, obs, which):
+    return agent.policy(obs)
+
+
+def dqn_act(agent, obs, which):
+    """What a run calls to act at its final epsilon (0.05: 95% of the steps; the rest are random actions drawn on the
+    host): the greedy actions; on CUDA the twin's whole epsilon-greedy selection, which runs on the device."""
+    if which == "twin" and obs.device.type == "cuda":
+        return agent.policy(obs, agent.micro_benchmark_epsilon)
+    return agent.greedy_actions(obs)
+
+
 def build_off_policy(builder):
     def build(module, args, device):
         low, high = -np.ones(ACTION_DIM, dtype=np.float32), np.ones(ACTION_DIM, dtype=np.float32)
@@ -100,13 +130,22 @@ def build_ppo(module, args, device):
     return module.build_ppo(OBS_DIM, ACTION_DIM, args, device)
 
 
-# algorithm -> plain script (the twin adds _torchcompile), builder, one training step's update, its batch size and
-# the maker of such a batch.
+def build_dqn(module, args, device):
+    agent = module.build_dqn(CARTPOLE_OBS_DIM, CARTPOLE_ACTIONS, args, device)
+    agent.micro_benchmark_epsilon = torch.tensor(0.05, device=device)  # the twin's policy reads it from the device
+    return agent
+
+
+# algorithm -> plain script (the twin adds _torchcompile), builder, one training step's update, its batch size, the
+# maker of such a batch, the call that selects actions and the observation size.
 ALGOS = {
-    "sac": ("sac_continuous_action", build_off_policy("build_sac"), off_policy_update, 256, replay_batch),
-    "td3": ("td3_continuous_action", build_off_policy("build_td3"), off_policy_update, 256, replay_batch),
-    "ppo_continuous": ("ppo_continuous_action", build_ppo, ppo_update, 64, ppo_minibatch),
-}
+    "sac": ("sac_continuous_action", build_off_policy("build_sac"), off_policy_update, 256, replay_batch, policy_act,
+            OBS_DIM),
+    "td3": ("td3_continuous_action", build_off_policy("build_td3"), off_policy_update, 256, replay_batch, policy_act,
+            OBS_DIM),
+    "ppo_continuous": ("ppo_continuous_action", build_ppo, ppo_update, 64, ppo_minibatch, policy_act, OBS_DIM),
+    "dqn": ("dqn", build_dqn, dqn_update, 128, dqn_batch, dqn_act, CARTPOLE_OBS_DIM),
+}  # fmt: skip
 
 # configuration -> (which script, the twin's flags, inductor options patched while compiling, device types).
 CONFIGS = {
@@ -134,7 +173,7 @@ def time_per_call(fn, calls):
 
 def prepare(algo, config, device):
     """{(measure, batch): a call to time} for one algorithm, configuration and device, compiled and warmed up."""
-    plain_name, build, update, train_batch, make_batch = ALGOS[algo]
+    plain_name, build, update, train_batch, make_batch, act, obs_dim = ALGOS[algo]
     which, flags, inductor_options, _ = CONFIGS[config]
     module = load_script(plain_name if which == "plain" else f"{plain_name}_torchcompile")
     torch.manual_seed(0)
@@ -143,10 +182,10 @@ def prepare(algo, config, device):
     # Compilation happens at the first calls, so the inductor options stay patched through the warm-up.
     with torch._inductor.config.patch(inductor_options):
         for batch in ACTION_BATCHES:
-            obs = torch.randn(batch, OBS_DIM, device=device)
+            obs = torch.randn(batch, obs_dim, device=device)
             # A CUDA graph replays one input shape: each batch size gets an agent (and a graph) of its own.
             actor = build(module, module.Args(**flags), device) if flags.get("cudagraphs") else agent
-            calls[("act", batch)] = lambda obs=obs, actor=actor: actor.policy(obs)
+            calls[("act", batch)] = lambda obs=obs, actor=actor: act(actor, obs, which)
         data = make_batch(train_batch, device)
         calls[("update", train_batch)] = lambda: update(agent, data, which)
         for call in calls.values():
@@ -174,7 +213,7 @@ class MatmulRecorder(TorchDispatchMode):
 
 def prepare_matmul_floor(algo, device):
     """(FLOPs, a call that replays alone the matrix products of one update of the eager twin)."""
-    plain_name, build, update, train_batch, make_batch = ALGOS[algo]
+    plain_name, build, update, train_batch, make_batch, *_ = ALGOS[algo]
     module = load_script(f"{plain_name}_torchcompile")
     torch.manual_seed(0)
     agent = build(module, module.Args(), device)

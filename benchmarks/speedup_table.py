@@ -76,7 +76,8 @@ def describe_machine():
 
 def machine_text(machine):
     gpu = f"GPU {machine['gpu']}" if machine["gpu"] else "no CUDA GPU"
-    return f"{machine['cpu']}, {machine['cores']} cores ({machine['torch_threads']} torch threads), {gpu}"
+    threads = machine["torch_threads"]
+    return f"{machine['cpu']}, {machine['cores']} cores ({threads} torch thread{'s' if threads != 1 else ''}), {gpu}"
 
 
 def read_results(path):

@@ -1,0 +1,480 @@
+"""Tests of the DQN pair: leanrl/dqn.py (plain) and its twin dqn_torchcompile.py.
+
+Everything goes through the scripts' stable interface: Args, epsilon_at, build_dqn and the namespace it returns,
+ReplayBuffer.sample, the command line, the globals of a run (`episode_returns`, `epsilon`, `replay_buffer`), the
+--results-path JSON line, and exit statuses.
+"""
+
+import statistics
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import (
+    DEVICES,
+    SameUpdates,
+    TinyRun,
+    assert_changed,
+    assert_leaves_close,
+    check_args_of_the_pair_match,
+    check_bad_input,
+    check_bad_input_in_process,
+    check_every_flag_has_a_docstring_shown_by_help,
+    check_plain_results_line_is_appended,
+    check_twin_runs_with_cudagraphs_on_cuda,
+    check_twin_runs_with_every_flag_combination,
+    leaves,
+    load_script,
+    requires_cuda,
+    run_in_process,
+    sync_,
+)
+from tensordict import TensorDict
+
+PLAIN = "dqn"
+TWIN = "dqn_torchcompile"
+SCRIPTS = (PLAIN, TWIN)
+
+OBS_DIM, N_ACTIONS, BATCH = 4, 3, 64  # three actions: a wrong gather or argmax axis shows up
+
+
+def build(module, device="cpu", seed=0, **arg_overrides):
+    """An agent of either script on `device`; its Args as `.args`."""
+    torch.manual_seed(seed)
+    args = module.Args(**arg_overrides)
+    dqn = module.build_dqn(OBS_DIM, N_ACTIONS, args, torch.device(device))
+    dqn.args = args
+    return dqn
+
+
+def replay_batch(seed, device="cpu"):
+    """A replay batch (TensorDict) of random transitions, a quarter of them terminations."""
+    generator = torch.Generator().manual_seed(seed)
+    return TensorDict(
+        observations=torch.randn(BATCH, OBS_DIM, generator=generator),
+        next_observations=torch.randn(BATCH, OBS_DIM, generator=generator),
+        actions=torch.randint(N_ACTIONS, (BATCH,), generator=generator),
+        rewards=torch.randn(BATCH, generator=generator),
+        terminations=(torch.rand(BATCH, generator=generator) < 0.25).float(),
+        batch_size=[BATCH],
+    ).to(device)
+
+
+def other_qnet_params(module, device):
+    """The parameters of another, independently initialised Q network (a copy): a target unlike the Q network."""
+    return TensorDict.from_module(build(module, device, seed=1).qnet).data.clone()
+
+
+# --- 1. Learning ----------------------------------------------------------------------------------------------
+
+# DQN on CartPole-v1 learns fast and then often unlearns for a while (the Q values drift once most episodes are
+# long), so its return at a fixed last step is a lottery: the test asks that the mean of the last 20 returns reach
+# 400 at some episode within the budget. The budget: 40,000 steps, learning from step 1,000, a gradient step every
+# step at lr 1e-3, the target copied every 100 steps, epsilon down to 0.01 over the first 6,000 steps, a buffer that
+# keeps every transition. Seeds 1, 2 and 3 of both scripts reach it (2-core AMD EPYC VM, 1 thread): the plain script
+# at steps 24,703, 27,785 and 20,100, the twin with --compile at 24,664, 28,063 and 32,533.
+LEARNING_SEED = 1
+LEARNING_FLAGS = (
+    "--env-id", "CartPole-v1",
+    "--total-timesteps", 40000,
+    "--learning-starts", 1000,
+    "--train-frequency", 1,
+    "--learning-rate", 1e-3,
+    "--target-network-frequency", 100,
+    "--exploration-fraction", 0.15,
+    "--end-e", 0.01,
+    "--buffer-size", 40000,
+)  # fmt: skip
+LEARNING_THRESHOLD = 400.0  # a random policy: about 22; the maximum: 500
+
+
+@pytest.mark.parametrize(("name", "flags"), [(PLAIN, ()), (TWIN, ("--compile",))], ids=["plain", "twin-compile"])
+def test_learns_cartpole(name, flags):
+    run = run_in_process(name, *LEARNING_FLAGS, "--seed", LEARNING_SEED, *flags)
+    returns = run["episode_returns"]
+    means = [statistics.mean(returns[end - 20 : end]) for end in range(20, len(returns) + 1)]
+    assert means, f"only {len(returns)} episodes"
+    print(f"{name} {' '.join(flags)}: best mean of 20 consecutive returns {max(means):.1f}; returns {returns}")
+    assert max(means) >= LEARNING_THRESHOLD, f"best mean of 20 consecutive returns {max(means):.1f}"
+
+
+# --- 2. Exploration: the epsilon schedule, and epsilon-greedy action selection ---------------------------------
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_epsilon_schedule_starts_falls_linearly_and_stays_at_its_floor(name):
+    module = load_script(name)
+    args = module.Args(total_timesteps=1000, start_e=0.9, end_e=0.1, exploration_fraction=0.4)
+    floor_step = 400  # exploration_fraction * total_timesteps
+    slope = (0.1 - 0.9) / floor_step
+    assert module.epsilon_at(0, args) == pytest.approx(0.9, abs=1e-12)
+    for step in (1, 100, 250, 399):
+        assert module.epsilon_at(step, args) == pytest.approx(0.9 + slope * step, abs=1e-12), step
+    assert module.epsilon_at(399, args) > 0.1
+    for step in (400, 401, 999, 10**6):
+        assert module.epsilon_at(step, args) == pytest.approx(0.1, abs=1e-12), step
+    # The defaults: from 1.0 at step 0 to 0.05 at step 250,000 (half of the 500,000 steps), then 0.05.
+    defaults = module.Args()
+    assert module.epsilon_at(0, defaults) == 1.0
+    assert module.epsilon_at(125_000, defaults) == pytest.approx(0.525, abs=1e-12)
+    assert module.epsilon_at(249_999, defaults) > 0.05
+    assert module.epsilon_at(250_000, defaults) == pytest.approx(0.05, abs=1e-12)
+    assert module.epsilon_at(499_999, defaults) == 0.05
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_run_follows_the_schedule(name):
+    """The training loop evaluates the schedule at each step of this run: at its last step (299), epsilon is still
+    falling with exploration_fraction 1, and has reached its floor with 0.5."""
+    flags = ("--env-id", "CartPole-v1", "--total-timesteps", 300, "--learning-starts", 300, "--batch-size", 32)
+    for fraction, expected in ((1.0, 0.8 - 0.6 * 299 / 300), (0.5, 0.2)):
+        run = run_in_process(name, *flags, "--start-e", 0.8, "--end-e", 0.2, "--exploration-fraction", fraction)
+        assert run["epsilon"] == pytest.approx(expected, abs=1e-12), fraction
+
+
+def test_twin_acts_on_cpu_as_the_plain_script_does():
+    """On CPU the twin chooses between a random and the greedy action on the host, as the plain script does: with
+    the same seed and no gradient step, the two runs take the same actions, so their episodes are the same."""
+    flags = ("--env-id", "CartPole-v1", "--total-timesteps", 3000, "--learning-starts", 5000, "--batch-size", 32)
+    half_greedy = ("--start-e", 0.5, "--end-e", 0.5)  # half random, half greedy actions all along
+    plain, twin = (run_in_process(name, *flags, *half_greedy)["episode_returns"] for name in SCRIPTS)
+    assert len(plain) >= 20 and twin == plain
+    all_random = run_in_process(PLAIN, *flags, "--start-e", 1.0, "--end-e", 1.0)["episode_returns"]
+    assert all_random != plain, "the greedy actions took no part"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_policy_is_epsilon_greedy(device):
+    """epsilon 0: the greedy action; epsilon 1: uniform; in between, a random action with probability epsilon
+    (which is the greedy one a third of the time, with three actions)."""
+    dqn = build(load_script(TWIN), device)
+    obs = torch.randn(20000, OBS_DIM, generator=torch.Generator().manual_seed(3)).to(device)
+    with torch.no_grad():
+        greedy = dqn.qnet(obs).argmax(1)
+    assert len(greedy.unique()) > 1, "the test needs observations with different greedy actions"
+
+    def policy(epsilon):
+        actions = dqn.policy(obs, torch.tensor(epsilon, device=device))
+        assert actions.shape == greedy.shape and actions.dtype == torch.int64
+        return actions
+
+    assert torch.equal(policy(0.0), greedy)
+    actions = policy(1.0)
+    counts = torch.bincount(actions, minlength=N_ACTIONS).float() / len(actions)
+    torch.testing.assert_close(counts.cpu(), torch.full((N_ACTIONS,), 1 / N_ACTIONS), rtol=0, atol=0.02)
+    for epsilon in (0.05, 0.3):
+        not_greedy = (policy(epsilon) != greedy).float().mean().item()
+        assert not_greedy == pytest.approx(epsilon * (N_ACTIONS - 1) / N_ACTIONS, abs=0.015), epsilon
+
+
+# --- 3. The update and the policy agree: compiled and eager, captured and not, the twin's with the plain ---------
+#
+# Each round starts from bit-identical parameters: SameUpdates (conftest) checks the gradients tightly and the steps
+# of Adam within its step size where a gradient is at its rounding noise, then copies the reference side's parameters
+# into the other side, in place. The target starts as another network than the Q network (in a run it is a copy
+# until the first gradient step), so that a TD target taken from the Q network shows up at once.
+
+
+def check_twin_round(reference, other, batch, check, what, grads=True):
+    """One gradient step and one target update of two twins, compared; then re-synced.
+
+    grads=False: other's gradients cannot be read (the call that records its CUDA graph, see SameUpdates)."""
+    losses = {label: leaves(dqn.update(batch)) for label, dqn in (("reference", reference), ("other", other))}
+    assert losses["reference"].keys() == {"td_loss", "q_values"}
+    assert_leaves_close(losses["other"], losses["reference"], f"{what} losses")
+    check.check(other.qnet, reference.qnet, reference.args.learning_rate, what, grads)
+
+    reference.update_target()
+    other.update_target()
+    assert_leaves_close(leaves(other.target_qnet_params), leaves(reference.target_qnet_params), f"{what} target")
+    sync_(other.target_qnet_params, reference.target_qnet_params)
+
+
+def give_both_a_target_unlike_the_qnet(module, device, *dqns):
+    other = other_qnet_params(module, device)
+    for dqn in dqns:
+        sync_(dqn.target_qnet_params, other)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_compiled_update_matches_eager(device):
+    module = load_script(TWIN)
+    # tau < 1: the target update is a soft one (tau 1 makes it a copy, which any in-place write passes).
+    eager = build(module, device, compile=False, tau=0.3)
+    compiled = build(module, device, compile=True, tau=0.3)
+    give_both_a_target_unlike_the_qnet(module, device, eager, compiled)
+    start = {"qnet": leaves(eager.qnet_params), "target": leaves(eager.target_qnet_params)}
+    assert_leaves_close(leaves(compiled.qnet_params), start["qnet"], "initial Q network", rtol=0, atol=0)
+
+    check = SameUpdates("Q update")
+    for round_ in range(3):  # several rounds: Adam's moments and step count, and the target, take part
+        check_twin_round(eager, compiled, replay_batch(123 + round_, device), check, f"round {round_}")
+    assert_changed(start["qnet"], leaves(eager.qnet_params), "eager twin's Q network")
+    assert_changed(start["target"], leaves(eager.target_qnet_params), "eager twin's target")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_compiled_policy_matches_eager(device, inductor_fallback_random):
+    eager = build(load_script(TWIN), device, compile=False)
+    compiled = build(load_script(TWIN), device, compile=True)
+    obs = torch.randn(256, OBS_DIM, generator=torch.Generator().manual_seed(7)).to(device)
+    for seed, epsilon in enumerate((0.0, 0.5, 0.5, 1.0)):
+        actions = {}
+        for label, dqn in (("eager", eager), ("compiled", compiled)):
+            torch.manual_seed(seed)  # the exploration draws, alike on both sides
+            actions[label] = dqn.policy(obs, torch.tensor(epsilon, device=device))
+        assert torch.equal(actions["compiled"], actions["eager"]), f"epsilon {epsilon}"
+    # At batch 1, as in a run.
+    for row in range(4):
+        zero = torch.tensor(0.0, device=device)
+        assert torch.equal(compiled.policy(obs[row : row + 1], zero), eager.policy(obs[row : row + 1], zero))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_eager_update_and_policy_match_plain(device):
+    """Same start, same batch: the twin's eager update computes what the plain script computes, target included."""
+    plain_module, twin_module = load_script(PLAIN), load_script(TWIN)
+    plain, twin = build(plain_module, device, tau=0.3), build(twin_module, device, tau=0.3)
+    sync_(twin.qnet, plain.qnet)
+    target = other_qnet_params(twin_module, device)
+    sync_(twin.target_qnet_params, target)
+    sync_(TensorDict.from_module(plain.target_qnet), target)
+    start = leaves(TensorDict.from_module(plain.qnet))
+
+    check = SameUpdates("Q update")
+    for round_ in range(3):
+        batch = replay_batch(321 + round_, device)
+        plain_losses = plain.update({key: value.clone() for key, value in batch.items()})
+        twin_losses = twin.update(batch)
+        assert_leaves_close(leaves(twin_losses), plain_losses, f"round {round_} losses")
+        check.check(twin.qnet, plain.qnet, plain.args.learning_rate, f"round {round_}")
+
+        plain.update_target()
+        twin.update_target()
+        plain_target = leaves(TensorDict.from_module(plain.target_qnet))
+        assert_leaves_close(leaves(twin.target_qnet_params), plain_target, f"round {round_} target")
+    assert_changed(start, leaves(TensorDict.from_module(plain.qnet)), "plain Q network")
+
+    obs = torch.randn(256, OBS_DIM, generator=torch.Generator().manual_seed(9)).to(device)
+    greedy = plain.greedy_actions(obs)
+    assert len(greedy.unique()) > 1
+    assert torch.equal(twin.greedy_actions(obs), greedy)
+    assert torch.equal(twin.policy(obs, torch.tensor(0.0, device=device)), greedy)
+
+
+@requires_cuda
+def test_twin_captured_update_and_policy_match_uncaptured(inductor_fallback_random):
+    """CudaGraphModule(warmup=5): calls 1-4 run eagerly on a side stream, call 5 runs once and records the graph,
+    calls 6-8 replay it. Each call is compared with the uncaptured compiled twin's; before call 7 other values are
+    written in place into every tensor the graphs read (the Q network and the target): the replays follow."""
+    module = load_script(TWIN)
+    uncaptured = build(module, "cuda", compile=True, tau=0.3)
+    captured = build(module, "cuda", compile=True, cudagraphs=True, tau=0.3)
+    give_both_a_target_unlike_the_qnet(module, "cuda", uncaptured, captured)
+
+    check = SameUpdates("Q update")
+    for call in range(1, 9):
+        if call == 7:
+            others = build(module, "cuda", seed=2)
+            for dqn in (uncaptured, captured):
+                sync_(dqn.qnet, others.qnet)
+                sync_(dqn.target_qnet_params, other_qnet_params(module, "cuda"))
+        check_twin_round(uncaptured, captured, replay_batch(call, "cuda"), check, f"call {call}", grads=call != 5)
+
+        obs = torch.randn(3, OBS_DIM, generator=torch.Generator().manual_seed(call)).to("cuda")
+        actions = {}
+        for label, dqn in (("uncaptured", uncaptured), ("captured", captured)):
+            torch.manual_seed(100 * call)  # the exploration draws
+            actions[label] = dqn.policy(obs, torch.tensor(0.5, device="cuda"))
+        assert torch.equal(actions["captured"], actions["uncaptured"]), f"call {call}"
+    assert captured.update.counter == captured.policy.counter == 5, "the update and the policy were not captured"
+
+
+@requires_cuda
+def test_twin_captured_policy_draws_new_numbers_at_each_replay():
+    """As a run with --compile --cudagraphs uses it: after the capture, each replay draws new exploration numbers;
+    seeded alike, two replays agree."""
+    dqn = build(load_script(TWIN), "cuda", compile=True, cudagraphs=True)
+    obs = torch.randn(64, OBS_DIM, generator=torch.Generator().manual_seed(7)).to("cuda")
+    epsilon = torch.tensor(1.0, device="cuda")
+    for _ in range(6):  # the 5th call records the graph, the 6th replays it
+        dqn.policy(obs, epsilon)
+    assert dqn.policy.counter == 5
+    assert not torch.equal(dqn.policy(obs, epsilon), dqn.policy(obs, epsilon)), "two replays, the same actions"
+    replays = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        replays.append(dqn.policy(obs, epsilon).clone())
+    assert torch.equal(replays[1], replays[0])
+
+
+# --- 4. Episode ends: a truncation bootstraps, a termination does not, no transition spans a reset -------------
+
+
+class CountingEnv(gym.Env):
+    """Observation [episode, t]. Odd episodes terminate at t = 3; even ones run into the 5-step time limit."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.episode, self.t = -1, 0
+
+    def obs(self):
+        return np.array([self.episode, self.t], dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode, self.t = self.episode + 1, 0
+        return self.obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.obs(), 1.0, self.episode % 2 == 1 and self.t == 3, False, {}
+
+
+class ImageObsEnv(gym.Env):
+    """Discrete actions, image observations: DQN's MLP cannot take them."""
+
+    observation_space = gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)
+    action_space = gym.spaces.Discrete(4)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+@pytest.fixture
+def test_envs():
+    """CountingEnv and ImageObsEnv registered in gymnasium, for runs in this process."""
+    gym.register("DqnTestCounting-v0", entry_point=CountingEnv, max_episode_steps=5)
+    gym.register("DqnTestImageObs-v0", entry_point=ImageObsEnv)
+    yield
+    del gym.registry["DqnTestCounting-v0"], gym.registry["DqnTestImageObs-v0"]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_replay_stores_terminations_not_truncations_and_no_reset(name, test_envs):
+    flags = ("--env-id", "DqnTestCounting-v0", "--total-timesteps", 40, "--learning-starts", 100, "--batch-size", 8)
+    run = run_in_process(name, *flags)
+    assert run["episode_returns"] == [5.0, 3.0] * 5
+    replay_buffer = run["replay_buffer"]
+    batch = replay_buffer.sample(2000, "cpu") if name == PLAIN else replay_buffer.sample(2000)
+    obs, next_obs = batch["observations"].numpy(), batch["next_observations"].numpy()
+    terminations = batch["terminations"].numpy()
+    assert (next_obs[:, 0] == obs[:, 0]).all(), "a transition spans a reset"
+    assert (next_obs[:, 1] == obs[:, 1] + 1).all()
+    terminal = (obs[:, 0] % 2 == 1) & (next_obs[:, 1] == 3)
+    truncated = (obs[:, 0] % 2 == 0) & (next_obs[:, 1] == 5)
+    assert terminal.any() and truncated.any() and len(np.unique(obs, axis=0)) == 40, "not every transition sampled"
+    assert (terminations == terminal).all(), "the stored flag is not the termination (a truncation must bootstrap)"
+    assert set(batch["actions"].tolist()) == {0, 1} and batch["actions"].dtype == torch.int64
+    assert (batch["rewards"].numpy() == 1).all()
+
+
+# --- 5. Flags ---------------------------------------------------------------------------------------------------
+
+
+def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
+    # The flags every script has are checked in conftest; here DQN's own, with CleanRL's defaults.
+    expected = {
+        "env_id": "CartPole-v1",
+        "total_timesteps": 500_000,
+        "learning_rate": 2.5e-4,
+        "buffer_size": 10_000,
+        "gamma": 0.99,
+        "tau": 1.0,
+        "target_network_frequency": 500,
+        "batch_size": 128,
+        "start_e": 1.0,
+        "end_e": 0.05,
+        "exploration_fraction": 0.5,
+        "learning_starts": 10_000,
+        "train_frequency": 10,
+    }
+    check_args_of_the_pair_match(PLAIN, TWIN, expected)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_flag_has_a_docstring_shown_by_help(name):
+    check_every_flag_has_a_docstring_shown_by_help(name)
+
+
+# --- 6. Bad input -------------------------------------------------------------------------------------------------
+#
+# Each case runs the script's __main__ in this process (a subprocess per case would cost seconds of imports each);
+# one case per script runs as a user would, in a subprocess.
+
+BAD_INPUTS = {
+    "unknown-env": (("--env-id", "NoSuchEnv-v0"), ("NoSuchEnv",)),
+    "continuous-actions": (("--env-id", "Pendulum-v1"), ("Pendulum-v1", "discrete")),
+    "image-observations": (("--env-id", "DqnTestImageObs-v0"), ("DqnTestImageObs-v0", "flat", "84, 84, 3")),
+    "zero-steps": (("--total-timesteps", "0"), ("total-timesteps",)),
+    "zero-train-frequency": (("--train-frequency", "0"), ("train-frequency",)),
+    "negative-target-frequency": (("--target-network-frequency", "-5"), ("target-network-frequency",)),
+    "batch-over-buffer": (("--batch-size", "512", "--buffer-size", "256"), ("batch-size", "buffer-size")),
+    "zero-exploration-fraction": (("--exploration-fraction", "0"), ("exploration-fraction", "(0, 1]")),
+    "exploration-fraction-over-1": (("--exploration-fraction", "1.5"), ("exploration-fraction", "1.5")),
+    "end-e-above-start-e": (("--start-e", "0.1", "--end-e", "0.5"), ("end-e (0.5)", "above", "start-e (0.1)")),
+    "epsilon-over-1": (("--start-e", "1.5"), ("start-e", "[0, 1]", "1.5")),
+    "negative-seed": (("--seed", "-1"), ("seed", "-1")),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path, capsys, test_envs):
+    flags, expected_words = BAD_INPUTS[case]
+    check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_bad_input_from_the_command_line(name, tmp_path):
+    """One case as a user meets it, in a subprocess: one line, exit status 2, no traceback."""
+    check_bad_input(name, ("--env-id", "Pendulum-v1"), ("Pendulum-v1", "discrete"), tmp_path)
+
+
+# --- 7. Determinism -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_same_seed_same_returns(name):
+    """The same seed twice gives the same episodic returns, gradient steps included; another seed gives others."""
+    flags = ("--env-id", "CartPole-v1", "--total-timesteps", 2000, "--learning-starts", 500, "--batch-size", 64)
+    flags += ("--train-frequency", 2, "--target-network-frequency", 100, "--exploration-fraction", 0.25)
+    first = run_in_process(name, *flags, "--seed", 1)["episode_returns"]
+    second = run_in_process(name, *flags, "--seed", 1)["episode_returns"]
+    assert len(first) >= 20, first
+    assert all(isinstance(value, float) for value in first), first
+    assert second == first
+    other = run_in_process(name, *flags, "--seed", 2)["episode_returns"]
+    assert other != first
+
+
+# --- 8 and 9. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA -----------------
+
+# 400 steps > learning_starts (200) + measure_burnin (3) gradient steps of train_frequency (10) steps, so sps is
+# measured; random CartPole-v1 episodes last about 22 steps, several finish.
+DQN_TINY_RUN = TinyRun(
+    flags=("--env-id", "CartPole-v1", "--total-timesteps", "400", "--learning-starts", "200", "--batch-size", "32"),
+    env_id="CartPole-v1",
+    total_timesteps=400,
+    return_range=(0, 500),
+)
+
+
+def test_plain_results_line_is_appended(tmp_path):
+    check_plain_results_line_is_appended(PLAIN, "dqn", tmp_path, tiny=DQN_TINY_RUN)
+
+
+def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
+    check_twin_runs_with_every_flag_combination(TWIN, "dqn", tmp_path, tiny=DQN_TINY_RUN)
+
+
+@requires_cuda
+def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
+    check_twin_runs_with_cudagraphs_on_cuda(TWIN, "dqn", tmp_path, tiny=DQN_TINY_RUN)
