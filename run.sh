@@ -24,9 +24,10 @@ Modes (each run's budget flags are in the budget table near the top of run.sh):
                      neither the random warm-up nor the 3 burn-in iterations): SAC 5000 random + 1500
                      training steps, TD3 25000 random (the default; a few seconds) + 1500, PPO 3 + 3
                      rollouts (continuous: 2048 steps each; Atari: 8 envs x 128), DQN 10000 random + 20000
-                     (2000 gradient steps). Default 3 seeds: 45 runs on a CPU, about 12 minutes on 2 cores
-                     without DQN (measured: 11 min 12 s and 11 min 31 s on a 2-core Xeon VM with a warm compile
-                     cache; a cold cache adds 20-30 s per compiled twin); DQN adds about DQN_QUICK.
+                     (2000 gradient steps). Default 3 seeds: 45 runs on a CPU, about 15 minutes on 2 cores
+                     (measured without DQN: 11 min 12 s and 11 min 31 s on a 2-core Xeon VM with a warm compile
+                     cache, a cold cache adding 20-30 s per compiled twin; DQN's 9 runs alone: 2 min 59 s on a
+                     2-core AMD EPYC VM).
   --tiny             a few hundred steps per run on small envs, seed 1: checks that everything runs (CI);
                      its speeds mean nothing.
 Options (an environment variable of the same meaning in brackets; the option wins):
