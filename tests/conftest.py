@@ -119,6 +119,17 @@ def _time_limit(seconds, what):
         signal.signal(signal.SIGALRM, previous)
 
 
+@contextlib.contextmanager
+def _command_line(argv):
+    """sys.argv as a script run in this process sees it, restored afterwards."""
+    saved_argv = sys.argv
+    sys.argv = argv
+    try:
+        yield
+    finally:
+        sys.argv = saved_argv
+
+
 def run_in_process(name, *flags, timeout=DEFAULT_TIMEOUT_S, cuda=False):
     """Run a script's `__main__` block in this process with these flags; returns the script's globals.
 
@@ -127,15 +138,22 @@ def run_in_process(name, *flags, timeout=DEFAULT_TIMEOUT_S, cuda=False):
     """
     path = script_path(name)
     argv = [str(path), *map(str, flags), *(() if cuda else ("--no-cuda",))]
-    saved_argv = sys.argv
-    sys.argv = argv
     try:
-        with _time_limit(timeout, " ".join(argv)):
+        with _command_line(argv), _time_limit(timeout, " ".join(argv)):
             return runpy.run_path(str(path), run_name="__main__")
     except SystemExit as exit_:
         pytest.fail(f"{' '.join(argv)} exited with {exit_.code!r}")
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """torch on one thread in this process (a run in process included), restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
     finally:
-        sys.argv = saved_argv
+        torch.set_num_threads(threads)
 
 
 # --- Running the suite on several workers (pytest-xdist: `-n auto`) --------------------------------------------
@@ -531,9 +549,14 @@ def check_bad_input(name, flags, expected_words, tmp_path):
     assert "Traceback" not in completed.stderr + completed.stdout, describe(completed)
     lines = [line for line in completed.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, describe(completed)
-    message = lines[0].replace("_", "-")
+    _check_error_line(lines[0], expected_words, results)
+
+
+def _check_error_line(line, expected_words, results):
+    """The one stderr line of a refused run names the problem; the run wrote no results."""
+    message = line.replace("_", "-")
     for word in expected_words:
-        assert word in message, f"{word!r} not in {lines[0]!r}"
+        assert word in message, f"{word!r} not in {line!r}"
     assert not results.exists(), "a failed run wrote results"
 
 
@@ -541,21 +564,15 @@ def check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys):
     """check_bad_input for a run of the script's __main__ in this process: a subprocess per case costs seconds of
     imports. Anything but SystemExit (a traceback) propagates and fails the test."""
     results = tmp_path / "results.jsonl"
-    saved_argv = sys.argv
-    sys.argv = [str(script_path(name)), *map(str, flags), "--no-cuda", "--results-path", str(results)]
-    try:
+    path = script_path(name)
+    with _command_line([str(path), *map(str, flags), "--no-cuda", "--results-path", str(results)]):
         with pytest.raises(SystemExit) as exit_:
-            runpy.run_path(str(script_path(name)), run_name="__main__")
-    finally:
-        sys.argv = saved_argv
+            runpy.run_path(str(path), run_name="__main__")
     stdout, stderr = capsys.readouterr()
     assert exit_.value.code == 2, (exit_.value.code, stdout, stderr)
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"{name}.py: error: "), lines
-    message = lines[0].replace("_", "-")
-    for word in expected_words:
-        assert word in message, f"{word!r} not in {lines[0]!r}"
-    assert not results.exists(), "a failed run wrote results"
+    _check_error_line(lines[0], expected_words, results)
 
 
 def check_same_seed_same_returns(name):

@@ -26,6 +26,7 @@ from conftest import (
     check_twin_runs_with_every_flag_combination,
     leaves,
     load_script,
+    one_torch_thread,
     requires_cuda,
     run_in_process,
     sync_,
@@ -93,12 +94,8 @@ LEARNING_THRESHOLD = 400.0  # a random policy: about 22; the maximum: 500
 def test_learns_cartpole(name, flags):
     # One thread, as in the runs above: the thread count changes the order of float sums, so which actions are greedy,
     # so the whole run; the steps above hold for one thread.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         run = run_in_process(name, *LEARNING_FLAGS, "--seed", LEARNING_SEED, *flags)
-    finally:
-        torch.set_num_threads(threads)
     returns = run["episode_returns"]
     means = [statistics.mean(returns[end - 20 : end]) for end in range(20, len(returns) + 1)]
     assert means, f"only {len(returns)} episodes"

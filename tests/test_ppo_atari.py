@@ -26,6 +26,7 @@ from conftest import (
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
     load_script,
+    one_torch_thread,
     requires_cuda,
     run_in_process,
     sync_,
@@ -47,10 +48,8 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield
 
 
 def build(module, device="cpu", seed=0, **arg_overrides):
