@@ -12,6 +12,7 @@ line, determinism, learning thresholds) are written for the CPU. The CUDA cases 
 
 import ast
 import contextlib
+import copy
 import dataclasses
 import importlib.util
 import itertools
@@ -23,6 +24,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -687,3 +689,179 @@ def check_twin_runs_with_cudagraphs_on_cuda(twin, algo, tmp_path, tiny=TINY_RUN)
         )  # fmt: skip
     by_flags = dict(zip(combinations, read_results(results), strict=True))
     assert by_flags[("--cudagraphs",)]["final_return"] == pytest.approx(by_flags[()]["final_return"], rel=1e-5)
+
+
+# --- Checkpoints, evaluation and interruption: --save-model, --resume, --eval-episodes, --capture-video --------
+
+
+def assert_same_state(actual, expected, where="checkpoint"):
+    """Two checkpoints (or parts of them) hold the same entries: tensors equal in dtype, shape and every value."""
+    if isinstance(expected, dict):
+        assert actual.keys() == expected.keys(), f"{where}: keys {sorted(actual)} vs {sorted(expected)}"
+        for key in expected:
+            assert_same_state(actual[key], expected[key], f"{where}/{key}")
+    elif isinstance(expected, list | tuple):
+        assert len(actual) == len(expected), f"{where}: length {len(actual)} vs {len(expected)}"
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            assert_same_state(a, e, f"{where}[{i}]")
+    elif isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{where}: {type(actual)}"
+        assert (actual.dtype, actual.shape) == (expected.dtype, expected.shape), f"{where}: dtype or shape differ"
+        assert torch.equal(actual.cpu(), expected.cpu()), f"{where}: values differ"
+    else:
+        assert actual == expected, f"{where}: {actual!r} vs {expected!r}"
+
+
+def load_checkpoint(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@pytest.fixture
+def saved_checkpoints(monkeypatch):
+    """Every object a run in this process passes to torch.save, copied when saved (a file is overwritten)."""
+    saved = []
+    real_save = torch.save
+
+    def save(obj, *args, **kwargs):
+        saved.append(copy.deepcopy(obj))
+        return real_save(obj, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    return saved
+
+
+def optimizer_steps(checkpoint):
+    """{optimizer: [its step count for each parameter]} of a checkpoint's agent."""
+    return {
+        name: [state["step"].item() for _, state in sorted(value["state"].items())]
+        for name, value in checkpoint["agent"].items()
+        if name.endswith("optimizer")
+    }
+
+
+def check_resume_continues_the_run(name, flags, tmp_path, saved_checkpoints, steps, same_as_shorter_run):
+    """A run of 2 x `steps` with --checkpoint-every `steps`; a run resumed from its mid-run checkpoint ends with the
+    uninterrupted run's step counter and optimizer step counts, and keeps the replay rows written before the resume
+    (where there is a replay buffer). same_as_shorter_run: the mid-run checkpoint is, entry for entry, what a run of
+    `steps` saves at its end (true where --total-timesteps sets no schedule)."""
+    common = (*flags, "--save-model", "--eval-episodes", "0")
+    run_in_process(name, *common, "--total-timesteps", 2 * steps, "--checkpoint-every", steps,
+                   "--model-path", tmp_path / "full.pt")  # fmt: skip
+    assert len(saved_checkpoints) == 2, "one checkpoint mid-run and one at the end"
+    mid, full = saved_checkpoints
+    assert (mid["global_step"], full["global_step"]) == (steps, 2 * steps)
+    if same_as_shorter_run:
+        run_in_process(name, *common, "--total-timesteps", steps, "--model-path", tmp_path / "short.pt")
+        assert_same_state(saved_checkpoints[2], mid)
+    torch.save(mid, tmp_path / "mid.pt")
+    run_in_process(name, *common, "--total-timesteps", 2 * steps, "--resume", tmp_path / "mid.pt",
+                   "--model-path", tmp_path / "resumed.pt")  # fmt: skip
+    resumed = load_checkpoint(tmp_path / "resumed.pt")
+    assert resumed["global_step"] == 2 * steps
+    assert optimizer_steps(resumed) == optimizer_steps(full)
+    assert all(optimizer_steps(mid).values()), "no update before the checkpoint: the check would prove little"
+    if "replay_buffer" in mid:
+        assert (resumed["replay_buffer"]["pos"], resumed["replay_buffer"]["full"]) == (
+            full["replay_buffer"]["pos"],
+            full["replay_buffer"]["full"],
+        )
+        for key, rows in mid["replay_buffer"].items():
+            if isinstance(rows, torch.Tensor):
+                assert torch.equal(resumed["replay_buffer"][key][: len(rows)], rows), f"replay {key} before resume"
+                assert resumed["replay_buffer"][key].shape == full["replay_buffer"][key].shape, key
+    return resumed
+
+
+def check_checkpoints_load_across_the_pair(plain, twin, flags, tmp_path):
+    """Each member evaluates the other's checkpoint with the same eval return (same seed), and saves back every entry
+    it read unchanged: both read and write one layout, the plain script's."""
+    for source, target in ((twin, plain), (plain, twin)):
+        results = tmp_path / f"{source}.jsonl"
+        run_in_process(source, *flags, "--save-model", "--model-path", tmp_path / f"{source}.pt",
+                       "--eval-episodes", "2", "--results-path", results)  # fmt: skip
+        run_in_process(target, *flags, "--resume", tmp_path / f"{source}.pt", "--save-model",
+                       "--model-path", tmp_path / f"{target}_from_{source}.pt", "--eval-episodes", "2",
+                       "--results-path", results)  # fmt: skip
+        saved, evaluated = read_results(results)
+        assert is_number(saved["eval_return"]), saved
+        assert evaluated["eval_return"] == saved["eval_return"], f"{target} evaluating {source}'s checkpoint"
+        assert evaluated["steps_done"] == saved["steps_done"], "a finished run resumed trains nothing"
+        assert_same_state(
+            load_checkpoint(tmp_path / f"{target}_from_{source}.pt"), load_checkpoint(tmp_path / f"{source}.pt")
+        )
+
+
+def check_bad_checkpoints_are_refused(name, flags, checkpoint, other_algo_checkpoint, changed_flag, tmp_path, capsys):
+    """--resume with a missing, truncated, other-algorithm, other-env or other-hyper-parameter checkpoint: exit 2, one
+    line that says which."""
+    capsys.readouterr()  # what the run that saved the checkpoint printed
+    truncated = tmp_path / "truncated.pt"
+    data = Path(checkpoint).read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    flag, value = changed_flag
+    cases = [
+        (("--resume", tmp_path / "missing.pt"), ["no checkpoint", "missing.pt"]),
+        (("--resume", truncated), ["cannot read", "truncated.pt"]),
+        (("--resume", other_algo_checkpoint), ["not a", "checkpoint"]),
+        (("--resume", checkpoint, "--seed", "7"), ["seed 7"]),
+        (("--resume", checkpoint, flag, value), [flag, "hyper-parameters"]),
+    ]
+    for case_flags, words in cases:
+        check_bad_input_in_process(name, (*flags, *case_flags), words, tmp_path, capsys)
+
+
+def check_video_of_the_evaluation(name, flags, tmp_path):
+    """--capture-video: one playable MP4 per evaluation episode beside the checkpoint, a frame per step (on
+    InvertedPendulum-v5 the reward is 1 a step, so the eval return is the frame count)."""
+    import imageio.v3 as iio
+
+    results = tmp_path / "results.jsonl"
+    run_in_process(name, *flags, "--env-id", "InvertedPendulum-v5", "--save-model", "--model-path",
+                   tmp_path / "run" / "agent.pt", "--eval-episodes", "2", "--capture-video",
+                   "--results-path", results)  # fmt: skip
+    videos = sorted((tmp_path / "run" / "videos").glob("*.mp4"))
+    assert [video.name for video in videos] == ["eval-episode-0.mp4", "eval-episode-1.mp4"]
+    frame_counts = []
+    for video in videos:
+        frames = iio.imread(video)
+        assert frames.ndim == 4 and frames.shape[-1] == 3 and frames.max() > 0, frames.shape
+        frame_counts.append(len(frames))
+    assert read_results(results)[0]["eval_return"] == pytest.approx(sum(frame_counts) / 2)
+
+
+def check_signal_stops_the_run(name, flags, signum, tmp_path, total_timesteps=10**6):
+    """SIGINT or SIGTERM to a running script: it stops at the end of a step, writes its checkpoint and a results line
+    with "interrupted": true and the steps done, says so, exits 128 + the signal, no traceback; then the run resumes
+    from that checkpoint to a finish."""
+    model, results, stderr_path = tmp_path / "agent.pt", tmp_path / "results.jsonl", tmp_path / "stderr.txt"
+    command = [sys.executable, str(script_path(name)), *map(str, flags), "--total-timesteps", str(total_timesteps),
+               "--save-model", "--model-path", str(model), "--results-path", str(results)]  # fmt: skip
+    with open(stderr_path, "w") as stderr:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+                                   stdout=subprocess.PIPE, stderr=stderr, text=True)  # fmt: skip
+        try:
+            with _time_limit(600, f"waiting for {name} to step"):
+                # The progress bar shows steps done: the run is in its loop.
+                while not re.search(rf"\b[1-9]\d*/{total_timesteps}\b", stderr_path.read_text()):
+                    assert process.poll() is None, stderr_path.read_text()
+                    time.sleep(0.5)
+            process.send_signal(signum)
+            stdout, _ = process.communicate(timeout=300)
+        finally:
+            process.kill()
+    error_output = stderr_path.read_text()
+    assert process.returncode == 128 + signum, (process.returncode, stdout, error_output[-2000:])
+    assert "Traceback" not in error_output + stdout, error_output[-2000:]
+    assert f"interrupted by {signal.Signals(signum).name}" in stdout.strip().splitlines()[-1], stdout
+    (result,) = read_results(results)
+    assert result["interrupted"] is True and result["model_path"] == str(model), result
+    assert 0 < result["steps_done"] < total_timesteps, result
+    assert load_checkpoint(model)["global_step"] == result["steps_done"]
+
+    finish = result["steps_done"] + 50
+    completed = run_script(name, *flags, "--total-timesteps", finish, "--resume", model, "--save-model",
+                           "--eval-episodes", "1", "--results-path", results)  # fmt: skip
+    assert completed.returncode == 0, describe(completed)
+    resumed = read_results(results)[-1]
+    assert (resumed["interrupted"], resumed["model_path"]) == (False, str(model)), resumed
+    assert resumed["steps_done"] >= finish and is_number(resumed["eval_return"]), resumed
