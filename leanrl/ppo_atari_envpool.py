@@ -1,8 +1,10 @@
 # Proximal Policy Optimization on Atari (envpool), plain eager PyTorch (the baseline of the speed-up table).
 # Its twin, ppo_atari_envpool_torchcompile.py, trains the same agent faster: `diff` the two files.
+import importlib.util
 import json
 import os
 import random
+import signal
 import sys
 import time
 from collections import deque
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import envpool
+import imageio
 import numpy as np
 import torch
 import torch.nn as nn
@@ -43,6 +46,18 @@ class Args:
     """training iterations (rollout + update) left out of the sps measure (compile, warm-up)"""
     results_path: str | None = None
     """if set, append one JSON line with this run's results to this file"""
+    save_model: bool = False
+    """if toggled, save a checkpoint at the end of training (and at an interruption), then evaluate it"""
+    model_path: str | None = None
+    """the checkpoint's path (default: the --resume file, else runs/<env_id>__<exp_name>__<seed>__<time>/<exp_name>.pt)"""
+    checkpoint_every: int = 0
+    """with --save-model, also save the checkpoint every this many env steps (0: only at the end): after the iteration in which the step count reaches each multiple"""
+    resume: str | None = None
+    """continue the run saved in this checkpoint; --total-timesteps counts the steps of the whole run"""
+    eval_episodes: int = 10
+    """games of the saved agent's policy (actions sampled from it, as in CleanRL's evaluation) on a fresh env after training"""
+    capture_video: bool = False
+    """with --save-model, record the evaluation games as MP4 files in a videos/ folder beside the checkpoint: the agent's 84x84 view (envpool's Atari envs cannot render)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
@@ -75,6 +90,14 @@ class Args:
     """the target KL divergence threshold: stop the epochs of an update early once it is exceeded"""
 
 
+# What makes the agent: a checkpoint made with other values of these is refused by --resume.
+HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma", "gae_lambda", "num_minibatches",
+                   "update_epochs", "norm_adv", "clip_coef", "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm",
+                   "target_kl")  # fmt: skip
+EVAL_SEED_OFFSET = 10_000  # the evaluation env's seed is the run's plus this: games the agent never trained on
+VIDEO_FPS = 15  # the ALE's 60 frames a second, of which envpool keeps one in 4 (frame_skip=4)
+
+
 def exit_with_error(message):
     """A user's mistake: one line on stderr, exit status 2, no traceback."""
     print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
@@ -95,28 +118,34 @@ def check_args(args):
             f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
             f"(num_envs * num_steps = {batch_size})"
         )
+    if args.checkpoint_every < 0 or args.eval_episodes < 0:
+        exit_with_error("--checkpoint-every and --eval-episodes must not be negative")
+    if (args.checkpoint_every or args.capture_video) and not args.save_model:
+        exit_with_error("--checkpoint-every and --capture-video need --save-model")
+    if args.capture_video and not args.eval_episodes:
+        exit_with_error("--capture-video records the evaluation episodes: --eval-episodes must be positive")
 
 
-def make_envs(args):
-    if args.env_id not in envpool.list_all_envs():
-        exit_with_error(f"cannot make env {args.env_id!r}: envpool has no env with this id")
+def make_envs(env_id, num_envs, seed):
+    if env_id not in envpool.list_all_envs():
+        exit_with_error(f"cannot make env {env_id!r}: envpool has no env with this id")
     # envpool's registry names the module that implements each id: only its Atari games give 84x84 frames.
-    if registry.specs[args.env_id][0] != "envpool.atari":
-        exit_with_error(f"PPO Atari needs an Atari game (e.g. Breakout-v5), {args.env_id} is not one")
+    if registry.specs[env_id][0] != "envpool.atari":
+        exit_with_error(f"PPO Atari needs an Atari game (e.g. Breakout-v5), {env_id} is not one")
     try:
         # Frames: grey 84x84, 4 stacked, 4 frames skipped per step, up to 30 no-ops at reset. Episodic life
         # (a lost life ends an episode) and rewards clipped to their sign are for learning only: the returns
         # reported are the game's own (infos["reward"], summed until infos["terminated"]: the game is over).
         envs = envpool.make(
-            args.env_id,
+            env_id,
             env_type="gymnasium",
-            num_envs=args.num_envs,
+            num_envs=num_envs,
             episodic_life=True,
             reward_clip=True,
-            seed=args.seed,
+            seed=seed % 2**31,  # envpool takes an int32: a seed plus an offset wraps around
         )
     except Exception as error:
-        exit_with_error(f"cannot make env {args.env_id!r}: {error}")
+        exit_with_error(f"cannot make env {env_id!r}: {error}")
     return envs
 
 
@@ -242,7 +271,149 @@ def build_ppo(num_actions, args, device):
         with torch.no_grad():
             return agent.get_value(obs).flatten()
 
-    return SimpleNamespace(agent=agent, optimizer=optimizer, update=update, policy=policy, value=value)
+    def set_learning_rate(lr):
+        optimizer.param_groups[0]["lr"] = lr
+
+    def state_dict():
+        """The agent's and the optimizer's state_dicts: a checkpoint's agent."""
+        return {"agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
+
+    def load_state_dict(state):
+        agent.load_state_dict(state["agent"])
+        optimizer.load_state_dict(state["optimizer"])
+
+    return SimpleNamespace(
+        agent=agent,
+        optimizer=optimizer,
+        update=update,
+        policy=policy,
+        value=value,
+        set_learning_rate=set_learning_rate,
+        state_dict=state_dict,
+        load_state_dict=load_state_dict,
+    )
+
+
+def rng_state():
+    """The state of every random generator the run draws from (the envs' are reseeded on resume)."""
+    numpy_state = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1]), *numpy_state[2:]],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state):
+    random.setstate(state["python"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy(), *rest))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and len(state["cuda"]) == torch.cuda.device_count():  # a CUDA run resumed on a CPU skips it
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(path, ppo, args, global_step, iteration, recent_returns):
+    """A plain torch.save dict: its agent and optimizer are this script's state_dicts, which the twin reads too.
+    Written to a temporary file and renamed, so a crash while writing leaves the last good checkpoint in place."""
+    checkpoint = {
+        "algo": "ppo_atari",
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "hyperparameters": {name: getattr(args, name) for name in HYPERPARAMETERS},
+        "global_step": global_step,
+        "iteration": iteration,  # the iterations done: where the learning-rate schedule goes on
+        "agent": ppo.state_dict(),
+        "recent_returns": list(recent_returns),
+        "rng": rng_state(),
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    torch.save(checkpoint, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_checkpoint(path, args, device):
+    """A checkpoint of this run (algorithm, env, seed and hyper-parameters), or one line and exit status 2."""
+    if not os.path.isfile(path):
+        exit_with_error(f"no checkpoint at {path}")
+    try:
+        checkpoint = torch.load(path, map_location=device, weights_only=True)
+    except Exception as error:  # truncated, corrupt, or not a torch file at all: each raises its own type
+        exit_with_error(f"cannot read the checkpoint {path}: {str(error).splitlines()[0]}")
+    if not isinstance(checkpoint, dict) or checkpoint.get("algo") != "ppo_atari":
+        found = checkpoint.get("algo") if isinstance(checkpoint, dict) else type(checkpoint).__name__
+        exit_with_error(f"{path} is not a PPO Atari checkpoint (it holds {found})")
+    if (checkpoint["env_id"], checkpoint["seed"]) != (args.env_id, args.seed):
+        exit_with_error(
+            f"{path} is a run on {checkpoint['env_id']} with seed {checkpoint['seed']}, "
+            f"not on {args.env_id} with seed {args.seed}"
+        )
+    changed = [
+        f"--{name.replace('_', '-')} {value} (checkpoint) vs {getattr(args, name)}"
+        for name, value in checkpoint["hyperparameters"].items()
+        if getattr(args, name) != value
+    ]
+    if changed:
+        exit_with_error(f"{path} was made with other hyper-parameters: {', '.join(changed)}")
+    return checkpoint
+
+
+def evaluate(checkpoint, args, device, video_folder, stop_signals):
+    """The mean return of the checkpoint's policy over --eval-episodes games of a fresh env with another seed, in a
+    fresh agent; None if a signal stops it. Video: one MP4 per game, of the newest frame of each observation.
+
+    As CleanRL's evaluation (cleanrl_utils/evals/ppo_eval.py) does: the env is the training one (episodic life,
+    clipped rewards), the actions are sampled from the policy, and a game's return is its real one, the game's own
+    rewards summed over all lives, as the training loop reports it."""
+    envs = make_envs(args.env_id, 1, args.seed + EVAL_SEED_OFFSET)
+    agent = Agent(envs.action_space.n).to(device)
+    agent.load_state_dict(checkpoint["agent"]["agent"])
+    torch.manual_seed(args.seed + EVAL_SEED_OFFSET)  # the sampled actions: the same checkpoint, the same evaluation
+    returns = []
+    while len(returns) < args.eval_episodes and not stop_signals:
+        obs, _ = envs.reset()
+        game_return, game_over = 0.0, False
+        video = None
+        if video_folder:  # 84x84 as it is: no resizing to a multiple of 16 (H.264 needs only even sides)
+            video = imageio.get_writer(
+                f"{video_folder}/eval-episode-{len(returns)}.mp4", fps=VIDEO_FPS, macro_block_size=2
+            )
+        while not game_over and not stop_signals:
+            if video:
+                video.append_data(obs[0, -1])  # what the agent sees: the newest of its 4 stacked 84x84 frames
+            with torch.no_grad():
+                action = agent.get_action_and_value(torch.as_tensor(obs, dtype=torch.float32, device=device))[0]
+            obs, _, _, truncations, infos = envs.step(action.cpu().numpy())
+            game_return += float(infos["reward"][0])
+            # A lost life ends an episode but not the game: the env goes on to the next life, as in training.
+            game_over = bool(infos["terminated"][0] or truncations[0])
+        if video:
+            video.close()
+        if game_over:
+            returns.append(game_return)
+    envs.close()
+    return float(np.mean(returns)) if len(returns) == args.eval_episodes else None
+
+
+def check_video_recording():
+    """--capture-video fails before training, not after it: imageio must write MP4."""
+    if importlib.util.find_spec("imageio_ffmpeg") is None:
+        exit_with_error("--capture-video writes MP4 through imageio-ffmpeg: pip install imageio-ffmpeg")
+
+
+def stop_on_signals():
+    """Ctrl-C (SIGINT) and SIGTERM end the run after the current iteration instead of killing it: the list returned
+    receives the signal's number. A second signal of the same kind stops the process at once."""
+    received = []
+
+    def handler(signum, frame):
+        received.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handler)
+    return received
 
 
 if __name__ == "__main__":
@@ -253,16 +424,30 @@ if __name__ == "__main__":
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
+    if args.capture_video:
+        check_video_recording()
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    checkpoint = load_checkpoint(args.resume, args, device) if args.resume else None
+    start_iteration, start_step = (checkpoint["iteration"], checkpoint["global_step"]) if checkpoint else (0, 0)
+    model_path = args.model_path or args.resume
+    model_path = (
+        model_path or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}/{args.exp_name}.pt"
+    )
 
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
-    envs = make_envs(args)
+    # A resumed run starts new games, on envs seeded by the step it resumes at.
+    envs = make_envs(args.env_id, args.num_envs, args.seed + start_step)
     obs_shape = envs.observation_space.shape
     ppo = build_ppo(envs.action_space.n, args, device)
+    recent_returns = deque(maxlen=20)
+    if checkpoint:
+        ppo.load_state_dict(checkpoint["agent"])
+        recent_returns.extend(checkpoint["recent_returns"])
+        set_rng_state(checkpoint["rng"])
 
     if args.track:
         import wandb
@@ -278,24 +463,24 @@ if __name__ == "__main__":
     time_limits = torch.zeros((args.num_steps, args.num_envs), device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
 
+    stop_signals = stop_on_signals()
     next_obs, _ = envs.reset()
     next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
     game_returns = np.zeros(args.num_envs)  # each env's unclipped score since its game started, over all lives
     episode_returns = []
-    recent_returns = deque(maxlen=20)
-    global_step = 0
+    global_step = start_step
     train_start = time.perf_counter()
     measure_start = measure_start_step = None
     sps = compile_seconds = None
-    pbar = tqdm.tqdm(total=num_iterations * batch_size, desc=script, mininterval=1.0)
-    for iteration in range(1, num_iterations + 1):
-        if iteration == args.measure_burnin + 1:
+    pbar = tqdm.tqdm(total=num_iterations * batch_size, desc=script, mininterval=1.0, initial=start_step)
+    for iteration in range(start_iteration + 1, num_iterations + 1):
+        if iteration == start_iteration + args.measure_burnin + 1:
             measure_start, measure_start_step = time.perf_counter(), global_step
             compile_seconds = measure_start - train_start
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
-            ppo.optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            ppo.set_learning_rate(frac * args.learning_rate)
 
         # envpool ends an episode (a life) on one step and resets that env on the next one, which ignores its
         # action and returns the new episode's first frame with reward 0. So dones[t] = 1 marks obs[t] as the
@@ -384,11 +569,27 @@ if __name__ == "__main__":
                 },
                 step=global_step,
             )
+        if stop_signals:
+            break
+        if args.checkpoint_every and iteration < num_iterations:
+            # After the iteration in which the step count reaches a multiple of --checkpoint-every.
+            if global_step // args.checkpoint_every > (global_step - batch_size) // args.checkpoint_every:
+                save_checkpoint(model_path, ppo, args, global_step, iteration, recent_returns)
     pbar.close()
     envs.close()
 
     end = time.perf_counter()
-    final_return = float(np.mean(episode_returns[-20:])) if episode_returns else None
+    eval_return = None
+    if args.save_model:
+        iterations_done = global_step // batch_size  # each iteration steps the whole batch
+        save_checkpoint(model_path, ppo, args, global_step, iterations_done, recent_returns)
+        if args.eval_episodes and not stop_signals:
+            video_folder = os.path.join(os.path.dirname(model_path), "videos") if args.capture_video else None
+            if video_folder:
+                os.makedirs(video_folder, exist_ok=True)
+            eval_checkpoint = torch.load(model_path, map_location=device, weights_only=True)
+            eval_return = evaluate(eval_checkpoint, args, device, video_folder, stop_signals)
+    final_return = float(np.mean(recent_returns)) if recent_returns else None
     results = {
         "script": script,
         "algo": "ppo_atari",
@@ -398,20 +599,37 @@ if __name__ == "__main__":
         "cudagraphs": False,
         "device": str(device),
         "torch_version": torch.__version__,
-        "total_timesteps": global_step,
+        "total_timesteps": num_iterations * batch_size,
         "sps": sps,
         "compile_seconds": compile_seconds,
         "wall_seconds": end - run_start,
         "final_return": final_return,
+        "steps_done": global_step,
+        "interrupted": bool(stop_signals),
+        "eval_return": eval_return,
+        "model_path": model_path if args.save_model else None,
     }
     if args.results_path:
         with open(args.results_path, "a") as f:
             f.write(json.dumps(results) + "\n")
     if args.track:
-        wandb.log({"charts/sps": sps}, step=global_step)
+        wandb.log({"charts/sps": sps, "charts/eval_return": eval_return}, step=global_step)
         wandb.finish()
     sps_text = (
         f"{sps:.0f} sps (steady state)" if sps else "sps not measured (run ended within measure_burnin iterations)"
     )
     return_text = f"{final_return:.1f}" if final_return is not None else "n/a (no finished episode)"
-    print(f"{script}: {global_step} steps on {args.env_id}, {sps_text}, final return {return_text}")
+    if stop_signals:
+        done_text = (
+            f"interrupted by {signal.Signals(stop_signals[0]).name} at step {global_step} of "
+            f"{num_iterations * batch_size}"
+        )
+    else:
+        done_text = f"{global_step} steps"
+    summary = f"{script}: {done_text} on {args.env_id}, {sps_text}, final return {return_text}"
+    if args.save_model:
+        summary += f"; checkpoint {model_path}"
+        summary += f", eval return {eval_return:.1f} over {args.eval_episodes} games" if eval_return is not None else ""
+    print(summary)
+    if stop_signals:
+        sys.exit(128 + stop_signals[0])

@@ -1,8 +1,10 @@
 # Proximal Policy Optimization for continuous actions, plain eager PyTorch (the baseline of the speed-up table).
 # Its twin, ppo_continuous_action_torchcompile.py, trains the same agent faster: `diff` the two files.
+import importlib.util
 import json
 import os
 import random
+import signal
 import sys
 import time
 from collections import deque
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import gymnasium as gym
+import imageio
 import numpy as np
 import torch
 import torch.nn as nn
@@ -42,6 +45,18 @@ class Args:
     """training iterations (rollout + update) left out of the sps measure (compile, warm-up)"""
     results_path: str | None = None
     """if set, append one JSON line with this run's results to this file"""
+    save_model: bool = False
+    """if toggled, save a checkpoint at the end of training (and at an interruption), then evaluate it"""
+    model_path: str | None = None
+    """the checkpoint's path (default: the --resume file, else runs/<env_id>__<exp_name>__<seed>__<time>/<exp_name>.pt)"""
+    checkpoint_every: int = 0
+    """with --save-model, also save the checkpoint every this many env steps (after the iteration that reaches a multiple; 0: only at the end)"""
+    resume: str | None = None
+    """continue the run saved in this checkpoint; --total-timesteps counts the steps of the whole run"""
+    eval_episodes: int = 10
+    """episodes of the saved agent's policy (actions sampled from it, as in CleanRL's evaluation) on a fresh env after training"""
+    capture_video: bool = False
+    """with --save-model, record the evaluation episodes as MP4 files in a videos/ folder beside the checkpoint"""
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     num_envs: int = 1
@@ -74,6 +89,13 @@ class Args:
     """the target KL divergence threshold: stop the epochs of an update early once it is exceeded"""
 
 
+# What makes the agent: a checkpoint made with other values of these is refused by --resume.
+HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma", "gae_lambda", "num_minibatches",
+                   "update_epochs", "norm_adv", "clip_coef", "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm",
+                   "target_kl")  # fmt: skip
+EVAL_SEED_OFFSET = 10_000  # the evaluation env's seed is the run's plus this: episodes the agent never trained on
+
+
 def exit_with_error(message):
     """A user's mistake: one line on stderr, exit status 2, no traceback."""
     print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
@@ -94,11 +116,17 @@ def check_args(args):
         )
     if not 0 <= args.seed < 2**31:  # what numpy, torch and the environments all accept
         exit_with_error(f"--seed must be in [0, 2**31), got {args.seed}")
+    if args.checkpoint_every < 0 or args.eval_episodes < 0:
+        exit_with_error("--checkpoint-every and --eval-episodes must not be negative")
+    if (args.checkpoint_every or args.capture_video) and not args.save_model:
+        exit_with_error("--checkpoint-every and --capture-video need --save-model")
+    if args.capture_video and not args.eval_episodes:
+        exit_with_error("--capture-video records the evaluation episodes: --eval-episodes must be positive")
 
 
-def make_env(env_id, gamma):
+def make_env(env_id, gamma, render_mode=None):
     def thunk():
-        env = gym.make(env_id)
+        env = gym.make(env_id, render_mode=render_mode)
         env = gym.wrappers.FlattenObservation(env)  # deal with dm_control's Dict observation space
         env = gym.wrappers.RecordEpisodeStatistics(env)  # before the reward wrappers: real returns
         env = gym.wrappers.ClipAction(env)
@@ -259,7 +287,206 @@ def build_ppo(obs_dim, action_dim, args, device):
     def gae(rewards, values, dones, next_value, next_done):
         return compute_advantages(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
-    return SimpleNamespace(agent=agent, optimizer=optimizer, update=update, policy=policy, value=value, gae=gae)
+    def set_learning_rate(lr):
+        optimizer.param_groups[0]["lr"] = lr
+
+    def state_dict():
+        """The agent's and the optimizer's state_dicts: a checkpoint's agent."""
+        return {"agent": agent.state_dict(), "optimizer": optimizer.state_dict()}
+
+    def load_state_dict(state):
+        agent.load_state_dict(state["agent"])
+        optimizer.load_state_dict(state["optimizer"])
+
+    return SimpleNamespace(
+        agent=agent,
+        optimizer=optimizer,
+        update=update,
+        policy=policy,
+        value=value,
+        gae=gae,
+        set_learning_rate=set_learning_rate,
+        state_dict=state_dict,
+        load_state_dict=load_state_dict,
+    )
+
+
+# The statistics of each training env's normalisation wrappers: (wrapper, its RunningMeanStd attribute).
+NORMALIZERS = {
+    "obs": (gym.wrappers.NormalizeObservation, "obs_rms"),
+    "reward": (gym.wrappers.NormalizeReward, "return_rms"),
+}
+
+
+def find_wrapper(env, wrapper_type):
+    """The wrapper of this type in an env's stack of wrappers."""
+    while not isinstance(env, wrapper_type):
+        env = env.env
+    return env
+
+
+def normalization_state(env):
+    """The running mean, variance and count of an env's observation and reward normalisation, as tensors (a
+    checkpoint is read with weights_only=True, which reads no numpy arrays)."""
+    state = {}
+    for key, (wrapper_type, attribute) in NORMALIZERS.items():
+        rms = getattr(find_wrapper(env, wrapper_type), attribute)
+        state[key] = {
+            "mean": torch.from_numpy(np.array(rms.mean)),
+            "var": torch.from_numpy(np.array(rms.var)),
+            "count": float(rms.count),
+        }
+    return state
+
+
+def load_normalization_state(env, state, frozen=False):
+    """Give an env these normalisation statistics; frozen: they stay as they are (evaluation)."""
+    for key, (wrapper_type, attribute) in NORMALIZERS.items():
+        wrapper = find_wrapper(env, wrapper_type)
+        rms = getattr(wrapper, attribute)
+        rms.mean, rms.var, rms.count = (
+            state[key]["mean"].cpu().numpy(),
+            state[key]["var"].cpu().numpy(),
+            state[key]["count"],
+        )
+        wrapper.update_running_mean = not frozen
+
+
+def rng_state():
+    """The state of every random generator the run draws from (the envs' are reseeded on resume)."""
+    numpy_state = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1]), *numpy_state[2:]],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state):
+    # .cpu(): a checkpoint loaded onto a CUDA device has its generator states there, and generators read CPU bytes.
+    random.setstate(state["python"])
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.cpu().numpy(), *rest))
+    torch.set_rng_state(state["torch"].cpu())
+    if state["cuda"] and len(state["cuda"]) == torch.cuda.device_count():  # a CUDA run resumed on a CPU skips it
+        torch.cuda.set_rng_state_all([cuda_state.cpu() for cuda_state in state["cuda"]])
+
+
+def save_checkpoint(path, ppo, envs, args, iteration, global_step, recent_returns):
+    """A plain torch.save dict: its agent and optimizer are the plain script's state_dicts, which both scripts read.
+    Written to a temporary file and renamed, so a crash while writing leaves the last good checkpoint in place."""
+    checkpoint = {
+        "algo": "ppo_continuous",
+        "env_id": args.env_id,
+        "seed": args.seed,
+        "hyperparameters": {name: getattr(args, name) for name in HYPERPARAMETERS},
+        "global_step": global_step,
+        "iteration": iteration,  # the learning-rate schedule's position
+        "agent": ppo.state_dict(),
+        "normalization": [normalization_state(env) for env in envs.envs],
+        "recent_returns": list(recent_returns),
+        "rng": rng_state(),
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    torch.save(checkpoint, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_checkpoint(path, args, device):
+    """A checkpoint of this run (algorithm, env, seed and hyper-parameters), or one line and exit status 2."""
+    if not os.path.isfile(path):
+        exit_with_error(f"no checkpoint at {path}")
+    try:
+        checkpoint = torch.load(path, map_location=device, weights_only=True)
+    except Exception as error:  # truncated, corrupt, or not a torch file at all: each raises its own type
+        exit_with_error(f"cannot read the checkpoint {path}: {str(error).splitlines()[0]}")
+    if not isinstance(checkpoint, dict) or checkpoint.get("algo") != "ppo_continuous":
+        found = checkpoint.get("algo") if isinstance(checkpoint, dict) else type(checkpoint).__name__
+        exit_with_error(f"{path} is not a continuous PPO checkpoint (it holds {found})")
+    if (checkpoint["env_id"], checkpoint["seed"]) != (args.env_id, args.seed):
+        exit_with_error(
+            f"{path} is a run on {checkpoint['env_id']} with seed {checkpoint['seed']}, "
+            f"not on {args.env_id} with seed {args.seed}"
+        )
+    changed = [
+        f"--{name.replace('_', '-')} {value} (checkpoint) vs {getattr(args, name)}"
+        for name, value in checkpoint["hyperparameters"].items()
+        if getattr(args, name) != value
+    ]
+    if changed:
+        exit_with_error(f"{path} was made with other hyper-parameters: {', '.join(changed)}")
+    return checkpoint
+
+
+def evaluate(checkpoint, args, device, video_folder, stop_signals):
+    """The mean return of the checkpoint's policy over --eval-episodes episodes of a fresh env with another seed, in a
+    fresh agent; None if a signal stops it. Video: one MP4 per episode.
+
+    As CleanRL's evaluation (cleanrl_utils/evals/ppo_eval.py): the actions are sampled from the policy, and the returns
+    are the env's real ones (RecordEpisodeStatistics sits below the reward normalisation). The observations are
+    normalised with the checkpoint's statistics (those of the first training env), frozen during the evaluation."""
+    env = make_env(args.env_id, args.gamma, render_mode="rgb_array" if video_folder else None)()
+    load_normalization_state(env, checkpoint["normalization"][0], frozen=True)
+    agent = Agent(env.observation_space.shape[0], env.action_space.shape[0]).to(device)
+    agent.load_state_dict(checkpoint["agent"]["agent"])
+    torch.manual_seed(args.seed + EVAL_SEED_OFFSET)  # the sampled actions: the same in every evaluation of a checkpoint
+    returns = []
+    obs, _ = env.reset(seed=args.seed + EVAL_SEED_OFFSET)
+    while len(returns) < args.eval_episodes and not stop_signals:
+        done = False
+        video = None
+        if video_folder:
+            video = imageio.get_writer(
+                f"{video_folder}/eval-episode-{len(returns)}.mp4", fps=env.metadata["render_fps"]
+            )
+        while not done and not stop_signals:
+            if video:
+                video.append_data(env.render())
+            with torch.no_grad():
+                obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
+                action = agent.get_action_and_value(obs_tensor)[0]
+            obs, _, terminated, truncated, info = env.step(action[0].cpu().numpy())
+            done = terminated or truncated
+        if video:
+            video.close()
+        if done:
+            returns.append(float(info["episode"]["r"]))
+            obs, _ = env.reset()
+    env.close()
+    return float(np.mean(returns)) if len(returns) == args.eval_episodes else None
+
+
+def check_video_recording(args):
+    """--capture-video fails before training, not after it: the env must render and imageio must write MP4."""
+    if importlib.util.find_spec("imageio_ffmpeg") is None:
+        exit_with_error("--capture-video writes MP4 through imageio-ffmpeg: pip install imageio-ffmpeg")
+    if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):
+        os.environ.setdefault("MUJOCO_GL", "egl")  # no screen: MuJoCo renders off-screen (a GPU's EGL, or Mesa's)
+    env = make_env(args.env_id, args.gamma, render_mode="rgb_array")()
+    try:
+        env.reset(seed=0)
+        frame = env.render()
+    except Exception as error:  # MuJoCo raises several types when no OpenGL context can be made
+        exit_with_error(f"{args.env_id} cannot render here: {error} (headless MuJoCo needs MUJOCO_GL=egl or osmesa)")
+    finally:
+        env.close()
+    if frame is None:
+        exit_with_error(f"{args.env_id} renders no image, so there is nothing to record")
+
+
+def stop_on_signals():
+    """Ctrl-C (SIGINT) and SIGTERM end the run after the current iteration instead of killing it: the list returned
+    receives the signal's number. A second signal of the same kind stops the process at once."""
+    received = []
+
+    def handler(signum, frame):
+        received.append(signum)
+        signal.signal(signum, signal.SIG_DFL)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handler)
+    return received
 
 
 if __name__ == "__main__":
@@ -270,16 +497,31 @@ if __name__ == "__main__":
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    checkpoint = load_checkpoint(args.resume, args, device) if args.resume else None
+    start_step, start_iteration = (checkpoint["global_step"], checkpoint["iteration"]) if checkpoint else (0, 0)
+    model_path = args.model_path or args.resume
+    model_path = (
+        model_path or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}/{args.exp_name}.pt"
+    )
 
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     envs = make_envs(args)
+    if args.capture_video:
+        check_video_recording(args)
     obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     ppo = build_ppo(obs_dim, action_dim, args, device)
+    recent_returns = deque(maxlen=20)
+    if checkpoint:
+        ppo.load_state_dict(checkpoint["agent"])
+        for env, state in zip(envs.envs, checkpoint["normalization"], strict=True):
+            load_normalization_state(env, state)
+        recent_returns.extend(checkpoint["recent_returns"])
+        set_rng_state(checkpoint["rng"])
 
     if args.track:
         import wandb
@@ -294,23 +536,26 @@ if __name__ == "__main__":
     dones = torch.zeros((args.num_steps, args.num_envs), device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
 
-    next_obs, _ = envs.reset(seed=args.seed)
-    next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
+    stop_signals = stop_on_signals()
+    # A resumed run starts new episodes, on envs seeded by the step it resumes at. A run with nothing left to train
+    # resets no env: the reset would move the normalisation statistics it saves.
+    if start_iteration < num_iterations:
+        next_obs, _ = envs.reset(seed=args.seed + start_step)
+        next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
     episode_returns = []
-    recent_returns = deque(maxlen=20)
-    global_step = 0
+    global_step, iterations_done = start_step, start_iteration  # as the loop goes
     train_start = time.perf_counter()
     measure_start = measure_start_step = None
     sps = compile_seconds = None
-    pbar = tqdm.tqdm(total=num_iterations * batch_size, desc=script, mininterval=1.0)
-    for iteration in range(1, num_iterations + 1):
-        if iteration == args.measure_burnin + 1:
+    pbar = tqdm.tqdm(total=num_iterations * batch_size, desc=script, mininterval=1.0, initial=start_step)
+    for iteration in range(start_iteration + 1, num_iterations + 1):
+        if iteration == start_iteration + args.measure_burnin + 1:
             measure_start, measure_start_step = time.perf_counter(), global_step
             compile_seconds = measure_start - train_start
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
-            ppo.optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+            ppo.set_learning_rate(frac * args.learning_rate)
 
         for step in range(args.num_steps):
             global_step += args.num_envs
@@ -381,11 +626,26 @@ if __name__ == "__main__":
                 },
                 step=global_step,
             )
+        iterations_done = iteration
+        if stop_signals:
+            break
+        # Every --checkpoint-every steps: after the iteration in which the step count reaches a multiple of it.
+        if args.checkpoint_every and global_step % args.checkpoint_every < batch_size and iteration < num_iterations:
+            save_checkpoint(model_path, ppo, envs, args, iteration, global_step, recent_returns)
     pbar.close()
-    envs.close()
 
     end = time.perf_counter()
-    final_return = float(np.mean(episode_returns[-20:])) if episode_returns else None
+    eval_return = None
+    if args.save_model:
+        save_checkpoint(model_path, ppo, envs, args, iterations_done, global_step, recent_returns)
+        if args.eval_episodes and not stop_signals:
+            video_folder = os.path.join(os.path.dirname(model_path), "videos") if args.capture_video else None
+            if video_folder:
+                os.makedirs(video_folder, exist_ok=True)
+            eval_checkpoint = torch.load(model_path, map_location=device, weights_only=True)
+            eval_return = evaluate(eval_checkpoint, args, device, video_folder, stop_signals)
+    envs.close()
+    final_return = float(np.mean(recent_returns)) if recent_returns else None
     results = {
         "script": script,
         "algo": "ppo_continuous",
@@ -395,20 +655,36 @@ if __name__ == "__main__":
         "cudagraphs": False,
         "device": str(device),
         "torch_version": torch.__version__,
-        "total_timesteps": global_step,
+        "total_timesteps": num_iterations * batch_size,
         "sps": sps,
         "compile_seconds": compile_seconds,
         "wall_seconds": end - run_start,
         "final_return": final_return,
+        "steps_done": global_step,
+        "interrupted": bool(stop_signals),
+        "eval_return": eval_return,
+        "model_path": model_path if args.save_model else None,
     }
     if args.results_path:
         with open(args.results_path, "a") as f:
             f.write(json.dumps(results) + "\n")
     if args.track:
-        wandb.log({"charts/sps": sps}, step=global_step)
+        wandb.log({"charts/sps": sps, "charts/eval_return": eval_return}, step=global_step)
         wandb.finish()
     sps_text = (
         f"{sps:.0f} sps (steady state)" if sps else "sps not measured (run ended within measure_burnin iterations)"
     )
     return_text = f"{final_return:.1f}" if final_return is not None else "n/a (no finished episode)"
-    print(f"{script}: {global_step} steps on {args.env_id}, {sps_text}, final return {return_text}")
+    if stop_signals:
+        done_text = f"interrupted by {signal.Signals(stop_signals[0]).name} at step {global_step} of {num_iterations * batch_size}"
+    else:
+        done_text = f"{global_step} steps"
+    summary = f"{script}: {done_text} on {args.env_id}, {sps_text}, final return {return_text}"
+    if args.save_model:
+        summary += f"; checkpoint {model_path}"
+        summary += (
+            f", eval return {eval_return:.1f} over {args.eval_episodes} episodes" if eval_return is not None else ""
+        )
+    print(summary)
+    if stop_signals:
+        sys.exit(128 + stop_signals[0])

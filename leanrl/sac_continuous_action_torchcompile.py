@@ -60,10 +60,6 @@ class Args:
     """episodes of the saved agent's deterministic policy (its mean action) on a fresh env after training"""
     capture_video: bool = False
     """with --save-model, record the evaluation episodes as MP4 files in a videos/ folder beside the checkpoint"""
-    compile: bool = False
-    """if toggled, the updates and action selection are compiled with torch.compile"""
-    cudagraphs: bool = False
-    """if toggled, the updates and action selection are captured in CUDA graphs (CUDA only)"""
     buffer_size: int = int(1e6)
     """the replay memory buffer size"""
     gamma: float = 0.99
@@ -86,6 +82,10 @@ class Args:
     """entropy regularization coefficient (the initial value when autotune is on)"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
+    compile: bool = False
+    """if toggled, the updates and action selection are compiled with torch.compile"""
+    cudagraphs: bool = False
+    """if toggled, the updates and action selection are captured in CUDA graphs (CUDA only)"""
 
 
 LOG_EVERY = 100  # steps between progress-bar updates, logging and the non-finite loss check
@@ -329,8 +329,8 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
 
     # Checkpoints hold the plain script's layout: a state_dict per Q network, optimizer state per parameter of each,
     # and the plain optimizers' settings (the twin's fused and capturable are its own).
-    def q_network_state(params, i):
-        return {".".join(key): value[i].clone() for key, value in params.items(True, True)}
+    def network_state(params):
+        return {key: value.clone() for key, value in params.flatten_keys(".").items()}
 
     def optimizer_state(optimizer, **settings):
         state = optimizer.state_dict()
@@ -348,8 +348,8 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
         q_state["param_groups"][0]["params"] = list(range(2 * n))
         return {
             "actor": actor.state_dict(),
-            **{f"qf{i + 1}": q_network_state(qnet_params.data, i) for i in range(2)},
-            **{f"qf{i + 1}_target": q_network_state(target_qnet_params, i) for i in range(2)},
+            **{f"qf{i + 1}": network_state(qnet_params.data[i]) for i in range(2)},
+            **{f"qf{i + 1}_target": network_state(target_qnet_params[i]) for i in range(2)},
             "q_optimizer": q_state,
             "actor_optimizer": optimizer_state(actor_optimizer, fused=None, capturable=False),
             "alpha_optimizer": optimizer_state(alpha_optimizer, fused=None, capturable=False),

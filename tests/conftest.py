@@ -811,8 +811,9 @@ def check_bad_checkpoints_are_refused(name, flags, checkpoint, other_algo_checkp
 
 
 def check_video_of_the_evaluation(name, flags, tmp_path):
-    """--capture-video: one playable MP4 per evaluation episode beside the checkpoint, a frame per step (on
-    InvertedPendulum-v5 the reward is 1 a step, so the eval return is the frame count)."""
+    """--capture-video: one playable MP4 per evaluation episode beside the checkpoint, a frame per step. On
+    InvertedPendulum-v5 the reward is 1 a step but 0 on the step that drops the pole, which a briefly trained agent
+    does early: an episode's frame count is its return + 1."""
     import imageio.v3 as iio
 
     results = tmp_path / "results.jsonl"
@@ -826,7 +827,7 @@ def check_video_of_the_evaluation(name, flags, tmp_path):
         frames = iio.imread(video)
         assert frames.ndim == 4 and frames.shape[-1] == 3 and frames.max() > 0, frames.shape
         frame_counts.append(len(frames))
-    assert read_results(results)[0]["eval_return"] == pytest.approx(sum(frame_counts) / 2)
+    assert read_results(results)[0]["eval_return"] == pytest.approx(sum(frame_counts) / 2 - 1)
 
 
 def check_signal_stops_the_run(name, flags, signum, tmp_path, total_timesteps=10**6):

@@ -5,6 +5,8 @@ returns, the command line, the globals of a run (`episode_returns`, the last rol
 and exit statuses. The plain script stores frames as float32, the twin as uint8: both divide by 255 in the network.
 """
 
+import signal
+
 import envpool
 import numpy as np
 import pytest
@@ -19,14 +21,20 @@ from conftest import (
     assert_leaves_close,
     assert_params_close_after_steps,
     check_args_of_the_pair_match,
+    check_bad_checkpoints_are_refused,
     check_bad_input,
     check_bad_input_in_process,
+    check_checkpoints_load_across_the_pair,
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
+    check_resume_continues_the_run,
+    check_signal_stops_the_run,
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
+    load_checkpoint,
     load_script,
     one_torch_thread,
+    read_results,
     requires_cuda,
     run_in_process,
     sync_,
@@ -404,6 +412,11 @@ BAD_INPUTS = {
     "negative-steps": (("--num-steps", "-8"), ("num-steps",)),
     "zero-timesteps": (("--total-timesteps", "0"), ("total-timesteps",)),
     "seed-out-of-range": (("--seed", "-1"), ("seed",)),
+    "checkpoint-every-without-save": (("--checkpoint-every", "1000"), ("checkpoint-every", "save-model")),
+    "video-without-save": (("--capture-video",), ("capture-video", "save-model")),
+    "negative-checkpoint-every": (("--save-model", "--checkpoint-every", "-32"), ("checkpoint-every", "negative")),
+    "negative-eval-episodes": (("--save-model", "--eval-episodes", "-1"), ("eval-episodes", "negative")),
+    "video-without-eval-games": (("--save-model", "--capture-video", "--eval-episodes", "0"), ("eval-episodes",)),
 }
 
 
@@ -579,3 +592,132 @@ def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
 @requires_cuda
 def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
     check_twin_runs_with_cudagraphs_on_cuda(TWIN, "ppo_atari", tmp_path, tiny=TINY)
+
+
+# --- 8. Checkpoints: resume, evaluation across the pair, interruption, video, refused checkpoints --------------
+#
+# Iterations of 2 envs x 16 steps and one minibatch update each: a checkpoint's step count is a multiple of 32.
+
+TINY_FLAGS = ("--env-id", "Breakout-v5", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "1",
+              "--update-epochs", "1")  # fmt: skip
+BATCH_STEPS = 32
+
+
+def learning_rate_of(checkpoint):
+    return checkpoint["agent"]["optimizer"]["param_groups"][0]["lr"]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_resume_continues_the_run_and_its_learning_rate_schedule(name, tmp_path, saved_checkpoints):
+    """A run of 4 iterations saved after 2 and resumed from there ends as the uninterrupted run does: the same step
+    and iteration counts, optimizer steps, and the last iteration's annealed learning rate (the schedule goes on from
+    the checkpoint's iteration; it is not restarted). The mid-run checkpoint is no shorter run's end: --total-timesteps
+    sets the schedule (same_as_shorter_run=False)."""
+    resumed = check_resume_continues_the_run(name, TINY_FLAGS, tmp_path, saved_checkpoints, steps=2 * BATCH_STEPS,
+                                             same_as_shorter_run=False)  # fmt: skip
+    mid, full = saved_checkpoints[:2]
+    assert (mid["iteration"], full["iteration"], resumed["iteration"]) == (2, 4, 4)
+    learning_rate = load_script(name).Args.learning_rate
+    # Iteration i of 4 anneals the learning rate to (1 - (i - 1) / 4) of its start: 3/4 at the checkpoint, 1/4 last.
+    assert learning_rate_of(mid) == pytest.approx(0.75 * learning_rate)
+    assert learning_rate_of(full) == pytest.approx(0.25 * learning_rate)
+    assert learning_rate_of(resumed) == learning_rate_of(full)
+
+
+def test_checkpoint_every_saves_after_the_iteration_that_reaches_each_multiple(tmp_path, saved_checkpoints):
+    """--checkpoint-every 40 with 32 steps an iteration: saved after the iterations that reach 40 and 80 (steps 64
+    and 96), then at the end (128); the last one is the checkpoint file."""
+    model = tmp_path / "agent.pt"
+    run_in_process(PLAIN, *TINY_FLAGS, "--total-timesteps", 4 * BATCH_STEPS, "--save-model", "--model-path", model,
+                   "--checkpoint-every", "40", "--eval-episodes", "0")  # fmt: skip
+    assert [checkpoint["global_step"] for checkpoint in saved_checkpoints] == [64, 96, 128]
+    assert [checkpoint["iteration"] for checkpoint in saved_checkpoints] == [2, 3, 4]
+    assert load_checkpoint(model)["global_step"] == 128
+    assert not (tmp_path / "agent.pt.tmp").exists(), "the temporary file is renamed into place"
+
+
+def test_checkpoints_load_across_the_pair(tmp_path):
+    check_checkpoints_load_across_the_pair(PLAIN, TWIN, (*TINY_FLAGS, "--total-timesteps", 2 * BATCH_STEPS), tmp_path)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_bad_checkpoints_are_refused(name, tmp_path, capsys):
+    flags = (*TINY_FLAGS, "--total-timesteps", BATCH_STEPS)
+    run_in_process(name, *flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
+    other_algo = load_checkpoint(tmp_path / "agent.pt") | {"algo": "ppo_continuous"}
+    torch.save(other_algo, tmp_path / "ppo_continuous.pt")
+    check_bad_checkpoints_are_refused(
+        name, flags, tmp_path / "agent.pt", tmp_path / "ppo_continuous.pt", ("--num-steps", "8"), tmp_path, capsys
+    )
+    # Another game, and a file torch reads that holds no checkpoint.
+    torch.save(torch.zeros(3), tmp_path / "tensor.pt")
+    for case_flags, words in (
+        (("--resume", tmp_path / "agent.pt", "--env-id", "Pong-v5"), ["Breakout-v5", "Pong-v5"]),
+        (("--resume", tmp_path / "tensor.pt"), ["not a", "checkpoint", "Tensor"]),
+    ):
+        check_bad_input_in_process(name, (*flags, *case_flags), words, tmp_path, capsys)
+
+
+class RecordingEvalEnvs(RecordingEnvs):
+    """RecordingEnvs that also keeps the first observation of each reset."""
+
+    def __init__(self, envs):
+        super().__init__(envs)
+        self.reset_frames = []
+
+    def reset(self, *args, **kwargs):
+        obs, info = self._envs.reset(*args, **kwargs)
+        self.reset_frames.append(obs[0, -1].copy())
+        return obs, info
+
+
+def games(steps):
+    """The steps of a single env split into games, each ending where the game is over (or cut by the time limit)."""
+    games, current = [], []
+    for step in steps:
+        current.append(step)
+        if step["game_over"][0] or step["truncated"][0]:
+            games.append(current)
+            current = []
+    return games
+
+
+def test_video_of_the_evaluation(tmp_path, monkeypatch):
+    """--capture-video: one playable MP4 per evaluation game beside the checkpoint, of the agent's 84x84 view (the
+    newest frame of its observation), a frame per step of the game; the eval return is the mean of the games' real
+    returns (all lives, unclipped rewards)."""
+    import imageio.v3 as iio
+
+    made, real_make = [], envpool.make
+
+    def make(*args, **kwargs):
+        made.append(RecordingEvalEnvs(real_make(*args, **kwargs)))
+        return made[-1]
+
+    monkeypatch.setattr(envpool, "make", make)
+    results = tmp_path / "results.jsonl"
+    run_in_process(TWIN, *TINY_FLAGS, "--total-timesteps", BATCH_STEPS, "--save-model", "--model-path",
+                   tmp_path / "run" / "agent.pt", "--eval-episodes", "2", "--capture-video",
+                   "--results-path", results)  # fmt: skip
+    eval_envs = made[-1]
+    assert eval_envs.spec.config.num_envs == 1 and eval_envs.spec.config.seed == 1 + 10_000
+    played = games(eval_envs.steps)
+    assert len(played) == 2 and len(eval_envs.reset_frames) == 2, "two games, each from a reset"
+    videos = sorted((tmp_path / "run" / "videos").glob("*.mp4"))
+    assert [video.name for video in videos] == ["eval-episode-0.mp4", "eval-episode-1.mp4"]
+    for video, game, first_frame in zip(videos, played, eval_envs.reset_frames, strict=True):
+        frames = iio.imread(video)
+        assert frames.shape == (len(game), 84, 84, 3), (frames.shape, len(game))
+        # Grey: the channels agree; the first frame is the game's first observation (up to the codec's losses).
+        assert (frames[..., 0] == frames[..., 1]).all() and (frames[..., 0] == frames[..., 2]).all()
+        assert np.abs(frames[0, ..., 0].astype(float) - first_frame).mean() < 3, "not the observation's newest frame"
+        assert frames.max() > 0
+    game_returns = [sum(float(step["game_reward"][0]) for step in game) for game in played]
+    assert read_results(results)[0]["eval_return"] == pytest.approx(np.mean(game_returns))
+
+
+@pytest.mark.parametrize(("name", "signum"), [(PLAIN, signal.SIGINT), (TWIN, signal.SIGTERM)],
+                         ids=["plain-SIGINT", "twin-SIGTERM"])  # fmt: skip
+def test_signal_stops_the_run_with_a_checkpoint(name, signum, tmp_path):
+    """The handler is the same code in both scripts: each script meets one of the two signals."""
+    check_signal_stops_the_run(name, TINY_FLAGS, signum, tmp_path)

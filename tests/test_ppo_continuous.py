@@ -6,6 +6,8 @@ and exit statuses.
 """
 
 import functools
+import io
+import signal
 import statistics
 
 import gymnasium as gym
@@ -20,13 +22,19 @@ from conftest import (
     TinyRun,
     assert_changed,
     assert_leaves_close,
+    assert_same_state,
     check_args_of_the_pair_match,
+    check_bad_checkpoints_are_refused,
     check_bad_input,
     check_bad_input_in_process,
+    check_checkpoints_load_across_the_pair,
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
+    check_resume_continues_the_run,
+    check_signal_stops_the_run,
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
+    check_video_of_the_evaluation,
     load_script,
     requires_cuda,
     run_in_process,
@@ -79,11 +87,7 @@ def plain_update(ppo, minibatch):
 
 def set_learning_rate(ppo, value):
     """What the annealing of each script does: a float in the plain script, a tensor written in place in the twin."""
-    lr = ppo.optimizer.param_groups[0]["lr"]
-    if isinstance(lr, torch.Tensor):
-        lr.fill_(value)
-    else:
-        ppo.optimizer.param_groups[0]["lr"] = value
+    ppo.set_learning_rate(value)
 
 
 # --- 1. Learning ----------------------------------------------------------------------------------------------
@@ -401,6 +405,11 @@ BAD_INPUTS = {
     "negative-rollout": (("--num-steps", "-5",), ("num-steps",)),
     "zero-minibatches": (("--num-minibatches", "0",), ("num-minibatches",)),
     "zero-epochs": (("--update-epochs", "0",), ("update-epochs",)),
+    "checkpoint-every-without-save": (("--checkpoint-every", "2048"), ("checkpoint-every", "save-model")),
+    "video-without-save": (("--capture-video",), ("capture-video", "save-model")),
+    "video-without-eval-episodes": (("--save-model", "--capture-video", "--eval-episodes", "0"), ("eval-episodes",)),
+    "negative-eval-episodes": (("--eval-episodes", "-1"), ("eval-episodes",)),
+    "negative-checkpoint-every": (("--save-model", "--checkpoint-every", "-1"), ("checkpoint-every",)),
 }  # fmt: skip
 
 
@@ -457,3 +466,132 @@ def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
 @requires_cuda
 def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
     check_twin_runs_with_cudagraphs_on_cuda(TWIN, "ppo_continuous", tmp_path, tiny=TINY)
+
+
+# --- 9. Checkpoints: resume, evaluation across the pair, interruption, video, refused checkpoints --------------
+
+# Iterations of 64 steps (a multiple divides the signal check's 10**6 steps, so its progress bar shows that total).
+CHECKPOINT_FLAGS = ("--env-id", "InvertedPendulum-v5", "--num-steps", "64", "--num-minibatches", "2",
+                    "--update-epochs", "2")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_resume_continues_the_run(name, tmp_path, saved_checkpoints):
+    # Two envs of 32 steps: each env's normalisation statistics go through the checkpoint. Not the same as a shorter
+    # run: the learning rate's annealing depends on --total-timesteps.
+    flags = ("--env-id", "InvertedPendulum-v5", "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2",
+             "--update-epochs", "2")  # fmt: skip
+    check_resume_continues_the_run(name, flags, tmp_path, saved_checkpoints, steps=128, same_as_shorter_run=False)
+
+
+def learning_rate(checkpoint):
+    return checkpoint["agent"]["optimizer"]["param_groups"][0]["lr"]
+
+
+def normalization_counts(checkpoint):
+    """(observation count, reward count) of the first env's normalisation statistics."""
+    (state,) = checkpoint["normalization"]
+    return state["obs"]["count"], state["reward"]["count"]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_resume_continues_the_learning_rate_schedule_and_the_normalisation(name, tmp_path, saved_checkpoints):
+    """A run of 4 iterations checkpointed after each, and a run resumed after the 2nd: the resumed iterations anneal
+    the learning rate as the uninterrupted run's did, and its normalisation statistics go on from the checkpoint's."""
+    flags = (*CHECKPOINT_FLAGS, "--total-timesteps", 256, "--checkpoint-every", 64, "--save-model",
+             "--eval-episodes", 0)  # fmt: skip
+    run_in_process(name, *flags, "--model-path", tmp_path / "full.pt")
+    full = saved_checkpoints[:]
+    assert [checkpoint["iteration"] for checkpoint in full] == [1, 2, 3, 4]
+    assert [learning_rate(checkpoint) for checkpoint in full] == pytest.approx([3e-4, 2.25e-4, 1.5e-4, 0.75e-4])
+    torch.save(full[1], tmp_path / "mid.pt")
+    saved_before = len(saved_checkpoints)
+    resumed_run = run_in_process(name, *flags, "--resume", tmp_path / "mid.pt", "--model-path", tmp_path / "resumed.pt")
+    resumed = saved_checkpoints[saved_before:]
+    assert [(c["iteration"], c["global_step"]) for c in resumed] == [(3, 192), (4, 256)]
+    assert [learning_rate(c) for c in resumed] == [learning_rate(c) for c in full[2:]], "the schedule restarted"
+
+    # The reward statistics count one value a step, whatever the episodes: as many as the uninterrupted run's.
+    assert normalization_counts(resumed[-1])[1] == pytest.approx(normalization_counts(full[-1])[1])
+    assert normalization_counts(full[-1])[1] == pytest.approx(256, abs=1e-3)
+    # The observation statistics count every observation, a reset's too: the checkpoint's, then the resumed run's
+    # first reset, its 128 steps and the reset after each of its episodes.
+    episodes = len(resumed_run["episode_returns"])
+    assert episodes > 0
+    expected = normalization_counts(full[1])[0] + 1 + 128 + episodes
+    assert normalization_counts(resumed[-1])[0] == pytest.approx(expected, abs=1e-6)
+    assert not torch.equal(resumed[-1]["normalization"][0]["obs"]["mean"], full[1]["normalization"][0]["obs"]["mean"])
+
+
+def test_state_dicts_load_across_the_pair():
+    """Each script's agent state loads into the other's (the twin's fused Adam and lr tensor included): the same
+    state_dict comes back, acting sees the loaded parameters, and the next update is the same on both sides."""
+
+    def update(ppo, name, minibatch):
+        return plain_update(ppo, minibatch) if name == PLAIN else ppo.update(minibatch.clone())
+
+    obs = torch.randn(5, OBS_DIM, generator=torch.Generator().manual_seed(3))
+    for source_name, target_name in ((PLAIN, TWIN), (TWIN, PLAIN)):
+        source, target = build(load_script(source_name), seed=0), build(load_script(target_name), seed=1)
+        set_learning_rate(source, 1.7e-4)  # a float that float32 does not hold exactly
+        for seed in range(2):  # Adam's moments and step count are in the state
+            update(source, source_name, random_minibatch(source, seed=seed))
+        saved = io.BytesIO()  # through torch.save and back, as a checkpoint goes: nothing shared with the source
+        torch.save(source.state_dict(), saved)
+        saved.seek(0)
+        target.load_state_dict(torch.load(saved, weights_only=True))
+        what = f"{target_name} from {source_name}"
+        assert_same_state(target.state_dict(), source.state_dict(), what)
+        torch.testing.assert_close(target.value(obs), source.value(obs), rtol=0, atol=0, msg=what)
+        check = SameUpdates("update")
+        minibatch = random_minibatch(source, seed=2)
+        for ppo, name in ((source, source_name), (target, target_name)):
+            update(ppo, name, minibatch)
+        check.check(target.agent, source.agent, 1.7e-4, what)
+
+
+def test_evaluation_normalises_with_the_checkpoints_statistics_frozen():
+    """evaluate() normalises the observations with the checkpoint's statistics, and does not update them."""
+    module = load_script(PLAIN)
+    torch.manual_seed(0)
+    agent = module.Agent(4, 1).state_dict()  # InvertedPendulum-v5: 4 observations, 1 action
+    agent["actor_mean.4.weight"] *= 300  # the mean action follows the (normalised) observation closely
+    agent["actor_logstd"][:] = -10  # and the sampled action is its mean
+    args = module.Args(env_id="InvertedPendulum-v5", eval_episodes=3)
+
+    def eval_return(obs_mean, obs_count):
+        f64 = torch.float64
+        obs = {"mean": torch.full((4,), obs_mean, dtype=f64), "var": torch.ones(4, dtype=f64), "count": obs_count}
+        reward = {"mean": torch.tensor(0.0, dtype=f64), "var": torch.tensor(1.0, dtype=f64), "count": 1.0}
+        checkpoint = {"agent": {"agent": agent}, "normalization": [{"obs": obs, "reward": reward}]}
+        return module.evaluate(checkpoint, args, torch.device("cpu"), None, [])
+
+    assert eval_return(0.0, 1.0) != eval_return(0.5, 1.0), "the checkpoint's statistics are not used"
+    # Statistics of one observation, if updated, would move at once; those of 10**9 would not.
+    assert eval_return(0.0, 1.0) == eval_return(0.0, 1e9), "the statistics change during the evaluation"
+
+
+def test_checkpoints_load_across_the_pair(tmp_path):
+    check_checkpoints_load_across_the_pair(PLAIN, TWIN, (*CHECKPOINT_FLAGS, "--total-timesteps", "128"), tmp_path)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_bad_checkpoints_are_refused(name, tmp_path, capsys):
+    flags = (*CHECKPOINT_FLAGS, "--total-timesteps", "64")
+    run_in_process(name, *flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
+    run_in_process("sac_continuous_action", "--env-id", "Pendulum-v1", "--total-timesteps", "110", "--learning-starts",
+                   "100", "--batch-size", "32", "--save-model", "--model-path", tmp_path / "sac.pt",
+                   "--eval-episodes", "0")  # fmt: skip
+    check_bad_checkpoints_are_refused(
+        name, flags, tmp_path / "agent.pt", tmp_path / "sac.pt", ("--clip-coef", "0.1"), tmp_path, capsys
+    )
+
+
+def test_video_of_the_evaluation(tmp_path):
+    check_video_of_the_evaluation(TWIN, (*CHECKPOINT_FLAGS[2:], "--total-timesteps", "64"), tmp_path)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_signal_stops_the_run_with_a_checkpoint(name, signum, tmp_path):
+    check_signal_stops_the_run(name, CHECKPOINT_FLAGS, signum, tmp_path)

@@ -32,7 +32,6 @@ from conftest import (
     check_twin_runs_with_every_flag_combination,
     check_video_of_the_evaluation,
     leaves,
-    load_checkpoint,
     load_script,
     named_tensors,
     random_batch,
@@ -409,11 +408,10 @@ def test_checkpoints_load_across_the_pair(tmp_path):
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_bad_checkpoints_are_refused(name, tmp_path, capsys):
     flags = (*TINY_FLAGS, "--total-timesteps", "150")
-    run_in_process(name, *flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
-    other_algo = load_checkpoint(tmp_path / "agent.pt") | {"algo": "td3"}
-    torch.save(other_algo, tmp_path / "td3.pt")
+    for script, checkpoint in ((name, "agent.pt"), ("td3_continuous_action", "other_algo.pt")):
+        run_in_process(script, *flags, "--save-model", "--model-path", tmp_path / checkpoint, "--eval-episodes", "0")
     check_bad_checkpoints_are_refused(
-        name, flags, tmp_path / "agent.pt", tmp_path / "td3.pt", ("--gamma", "0.9"), tmp_path, capsys
+        name, flags, tmp_path / "agent.pt", tmp_path / "other_algo.pt", ("--gamma", "0.9"), tmp_path, capsys
     )
 
 
@@ -422,7 +420,9 @@ def test_video_of_the_evaluation(tmp_path):
                                   tmp_path)  # fmt: skip
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-@pytest.mark.parametrize("name", SCRIPTS)
+# The two scripts share the handler and the loop's exit: one signal each.
+@pytest.mark.parametrize(
+    ("name", "signum"), [(PLAIN, signal.SIGINT), (TWIN, signal.SIGTERM)], ids=["SIGINT", "SIGTERM"]
+)
 def test_signal_stops_the_run_with_a_checkpoint(name, signum, tmp_path):
     check_signal_stops_the_run(name, TINY_FLAGS, signum, tmp_path)
