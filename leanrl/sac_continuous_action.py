@@ -114,7 +114,8 @@ def check_args(args):
 
 def make_env(env_id, seed, render_mode=None):
     try:
-        env = gym.make(env_id, render_mode=render_mode)
+        # Asked for only when recording: an env that takes no render_mode argument still trains.
+        env = gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
     except gym.error.Error as error:
         exit_with_error(f"cannot make env {env_id!r}: {error}")
     if not isinstance(env.action_space, gym.spaces.Box):

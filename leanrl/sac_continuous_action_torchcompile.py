@@ -121,7 +121,8 @@ def check_args(args):
 
 def make_env(env_id, seed, render_mode=None):
     try:
-        env = gym.make(env_id, render_mode=render_mode)
+        # Asked for only when recording: an env that takes no render_mode argument still trains.
+        env = gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
     except gym.error.Error as error:
         exit_with_error(f"cannot make env {env_id!r}: {error}")
     if not isinstance(env.action_space, gym.spaces.Box):
@@ -215,8 +216,8 @@ class ReplayBuffer:
         """The filled rows split into a tensor per field on the CPU: the plain script's layout."""
         filled = self.size if self.full else self.pos
         fields = self.storage[:filled].cpu().split(list(self.field_sizes.values()), dim=1)
-        state = {key: field.squeeze(1) if key in ("rewards", "terminations") else field.clone()
-                 for key, field in zip(self.field_sizes, fields, strict=True)}  # fmt: skip
+        state = {key: field.clone() for key, field in zip(self.field_sizes, fields, strict=True)}  # not views of it all
+        state["rewards"], state["terminations"] = state["rewards"][:, 0], state["terminations"][:, 0]
         return {**state, "pos": self.pos, "full": self.full}
 
     def load_state_dict(self, state):

@@ -810,14 +810,17 @@ def check_bad_checkpoints_are_refused(name, flags, checkpoint, other_algo_checkp
         check_bad_input_in_process(name, (*flags, *case_flags), words, tmp_path, capsys)
 
 
-def check_video_of_the_evaluation(name, flags, tmp_path):
-    """--capture-video: one playable MP4 per evaluation episode beside the checkpoint, a frame per step. On
-    InvertedPendulum-v5 the reward is 1 a step but 0 on the step that drops the pole, which a briefly trained agent
-    does early: an episode's frame count is its return + 1."""
+def check_video_of_the_evaluation(
+    name, flags, tmp_path, env_id="InvertedPendulum-v5", return_of_frames=lambda n: n - 1
+):
+    """--capture-video: one playable MP4 per evaluation episode beside the checkpoint, a frame per step.
+    return_of_frames: an episode's return from its frame count. On InvertedPendulum-v5 the reward is 1 a step but 0
+    on the step that drops the pole, which a briefly trained agent does early: the frame count less one. On
+    CartPole-v1 every step, the last included, gives 1: the frame count."""
     import imageio.v3 as iio
 
     results = tmp_path / "results.jsonl"
-    run_in_process(name, *flags, "--env-id", "InvertedPendulum-v5", "--save-model", "--model-path",
+    run_in_process(name, *flags, "--env-id", env_id, "--save-model", "--model-path",
                    tmp_path / "run" / "agent.pt", "--eval-episodes", "2", "--capture-video",
                    "--results-path", results)  # fmt: skip
     videos = sorted((tmp_path / "run" / "videos").glob("*.mp4"))
@@ -827,7 +830,7 @@ def check_video_of_the_evaluation(name, flags, tmp_path):
         frames = iio.imread(video)
         assert frames.ndim == 4 and frames.shape[-1] == 3 and frames.max() > 0, frames.shape
         frame_counts.append(len(frames))
-    assert read_results(results)[0]["eval_return"] == pytest.approx(sum(frame_counts) / 2 - 1)
+    assert read_results(results)[0]["eval_return"] == pytest.approx(sum(map(return_of_frames, frame_counts)) / 2)
 
 
 def check_signal_stops_the_run(name, flags, signum, tmp_path, total_timesteps=10**6):

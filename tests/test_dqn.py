@@ -5,6 +5,7 @@ ReplayBuffer.sample, the command line, the globals of a run (`episode_returns`, 
 --results-path JSON line, and exit statuses.
 """
 
+import signal
 import statistics
 
 import gymnasium as gym
@@ -18,12 +19,17 @@ from conftest import (
     assert_changed,
     assert_leaves_close,
     check_args_of_the_pair_match,
+    check_bad_checkpoints_are_refused,
     check_bad_input,
     check_bad_input_in_process,
+    check_checkpoints_load_across_the_pair,
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
+    check_resume_continues_the_run,
+    check_signal_stops_the_run,
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
+    check_video_of_the_evaluation,
     leaves,
     load_script,
     one_torch_thread,
@@ -426,6 +432,9 @@ BAD_INPUTS = {
     "end-e-above-start-e": (("--start-e", "0.1", "--end-e", "0.5"), ("end-e (0.5)", "above", "start-e (0.1)")),
     "epsilon-over-1": (("--start-e", "1.5"), ("start-e", "[0, 1]", "1.5")),
     "negative-seed": (("--seed", "-1"), ("seed", "-1")),
+    "checkpoint-every-without-save": (("--checkpoint-every", "100"), ("save-model",)),
+    "video-without-save": (("--capture-video",), ("save-model",)),
+    "negative-eval-episodes": (("--eval-episodes", "-1"), ("eval-episodes",)),
 }
 
 
@@ -482,3 +491,42 @@ def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
 @requires_cuda
 def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
     check_twin_runs_with_cudagraphs_on_cuda(TWIN, "dqn", tmp_path, tiny=DQN_TINY_RUN)
+
+
+# --- 10. Checkpoints: resume, evaluation across the pair, interruption, video, refused checkpoints -------------
+
+TINY_FLAGS = ("--env-id", "CartPole-v1", "--learning-starts", "200", "--batch-size", "32", "--train-frequency", "2")
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_resume_continues_the_run(name, tmp_path, saved_checkpoints):
+    # Not the same as a run of 2000 steps: epsilon's schedule is a fraction of --total-timesteps.
+    check_resume_continues_the_run(name, TINY_FLAGS, tmp_path, saved_checkpoints, steps=2000, same_as_shorter_run=False)
+
+
+def test_checkpoints_load_across_the_pair(tmp_path):
+    check_checkpoints_load_across_the_pair(PLAIN, TWIN, (*TINY_FLAGS, "--total-timesteps", "600"), tmp_path)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_bad_checkpoints_are_refused(name, tmp_path, capsys):
+    flags = (*TINY_FLAGS, "--total-timesteps", "300")
+    run_in_process(name, *flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
+    run_in_process("sac_continuous_action", "--env-id", "Pendulum-v1", "--total-timesteps", "150", "--learning-starts",
+                   "100", "--save-model", "--model-path", tmp_path / "sac.pt", "--eval-episodes", "0")  # fmt: skip
+    check_bad_checkpoints_are_refused(
+        name, flags, tmp_path / "agent.pt", tmp_path / "sac.pt", ("--gamma", "0.9"), tmp_path, capsys
+    )
+
+
+def test_video_of_the_evaluation(tmp_path):
+    check_video_of_the_evaluation(TWIN, (*TINY_FLAGS, "--total-timesteps", "300"), tmp_path, env_id="CartPole-v1",
+                                  return_of_frames=lambda n: n)  # fmt: skip
+
+
+# The two scripts share the handler and the loop's exit: one signal each.
+@pytest.mark.parametrize(
+    ("name", "signum"), [(PLAIN, signal.SIGINT), (TWIN, signal.SIGTERM)], ids=["SIGINT", "SIGTERM"]
+)
+def test_signal_stops_the_run_with_a_checkpoint(name, signum, tmp_path):
+    check_signal_stops_the_run(name, TINY_FLAGS, signum, tmp_path)

@@ -20,6 +20,7 @@ from conftest import (
     assert_changed,
     assert_leaves_close,
     assert_params_close_after_steps,
+    assert_same_state,
     check_args_of_the_pair_match,
     check_bad_checkpoints_are_refused,
     check_bad_input,
@@ -634,6 +635,32 @@ def test_checkpoint_every_saves_after_the_iteration_that_reaches_each_multiple(t
     assert [checkpoint["iteration"] for checkpoint in saved_checkpoints] == [2, 3, 4]
     assert load_checkpoint(model)["global_step"] == 128
     assert not (tmp_path / "agent.pt.tmp").exists(), "the temporary file is renamed into place"
+
+
+def test_twin_reads_and_writes_the_plain_layout():
+    """The twin loads the plain script's agent and optimizer state in place (its acting copy and its compiled step
+    read the same storage and the same lr tensor, fused again), saves them back unchanged, learning rate a Python
+    float included, and makes the plain script's next update (Adam's moments and step count came across)."""
+    plain, twin = build(load_script(PLAIN), seed=1), build(load_script(TWIN), seed=2)
+    for round_ in range(2):  # Adam's moments and step count are not zero
+        call_update(plain, PLAIN, random_minibatch(seed=300 + round_))
+    plain.set_learning_rate(1e-4 / 3)  # not a float32 number
+    lr_tensor = twin.optimizer.param_groups[0]["lr"]
+    twin.load_state_dict(plain.state_dict())
+    group = twin.optimizer.param_groups[0]
+    assert group["lr"] is lr_tensor and group["fused"] is True and group["capturable"] is False
+    assert_same_state(twin.state_dict(), plain.state_dict())
+    for path, parameter in twin.agent.named_parameters():
+        module_path, _, attribute = path.rpartition(".")
+        acting = getattr(twin.agent_inference.get_submodule(module_path), attribute)
+        assert acting.data_ptr() == parameter.data_ptr(), f"the acting copy of {path} has its own storage"
+    obs = random_minibatch(seed=8, size=8)["obs"]
+    torch.testing.assert_close(twin.value(obs), plain.value(obs.float()), rtol=RTOL, atol=ATOL)
+
+    batch = random_minibatch(seed=310)
+    assert_leaves_close(detached(call_update(twin, TWIN, batch)), detached(call_update(plain, PLAIN, batch)), "losses")
+    SameUpdates("update").check(twin.agent, plain.agent, learning_rate(plain), "the update after loading")
+    assert {state["step"].item() for state in twin.optimizer.state.values()} == {3.0}
 
 
 def test_checkpoints_load_across_the_pair(tmp_path):
