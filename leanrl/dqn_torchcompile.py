@@ -389,8 +389,9 @@ def evaluate(checkpoint, args, device, video_folder, stop_signals):
         episode_return, done = 0.0, False
         video = None
         if video_folder:
+            # macro_block_size 2: H.264 needs even frame sizes only; the default (16) would resize most frames.
             video = imageio.get_writer(
-                f"{video_folder}/eval-episode-{len(returns)}.mp4", fps=env.metadata["render_fps"]
+                f"{video_folder}/eval-episode-{len(returns)}.mp4", fps=env.metadata["render_fps"], macro_block_size=2
             )
         while not done and not stop_signals:
             if video:
@@ -418,7 +419,9 @@ def check_video_recording(env_id):
     if importlib.util.find_spec("imageio_ffmpeg") is None:
         exit_with_error("--capture-video writes MP4 through imageio-ffmpeg: pip install imageio-ffmpeg")
     if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):
-        os.environ.setdefault("MUJOCO_GL", "egl")  # no screen: MuJoCo renders off-screen (a GPU's EGL, or Mesa's)
+        # No screen: MuJoCo renders off-screen (a GPU's EGL, or Mesa's), pygame (classic control) to memory.
+        os.environ.setdefault("MUJOCO_GL", "egl")
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     env = make_env(env_id, 0, render_mode="rgb_array")
     try:
         env.reset(seed=0)
