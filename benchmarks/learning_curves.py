@@ -11,6 +11,11 @@ is written to DIR/<script>_<flags>_seed<S>.json under a temporary name, then ren
 skips the seeds whose record exists and runs the others, so a long batch can be spread over several sittings; records
 of the same script with other flags (another budget) are never taken for these (a line says they are there). The
 runs inherit the environment: OMP_NUM_THREADS=1 gives each one thread.
+With --checkpoint-every N a run also survives its interruption (a Ctrl-C, a SIGTERM, the end of a sitting): the script
+saves its checkpoint every N env steps (--save-model --checkpoint-every N, beside the records as a hidden file) and at
+an interruption, and the episodes logged so far are saved with it; the same command then resumes the unfinished
+seed from its checkpoint (--resume) and its record lists the steps it was resumed at. A resumed run starts a new
+episode there, so it is not step for step the run that was not interrupted.
 
 record: one run in this process (what `run` starts per seed). The script's `__main__` runs unchanged; the envs it
 makes with gymnasium.make (alone or in a SyncVectorEnv) or envpool.make (Atari) are wrapped so that each finished
@@ -184,14 +189,17 @@ class EpisodeLog:
 
 class Recording:
     """Every env a run makes, logged apart: the training env is the one whose returns are the script's
-    `episode_returns` (an evaluation env, made beside it, keeps its own log and its own step count)."""
+    `episode_returns` (an evaluation env, made beside it, keeps its own log and its own step count).
+    start_step: the steps done before this process (a resumed run), where the step counts start."""
 
-    def __init__(self):
+    def __init__(self, start_step=0):
         self.logs = []
         self.vector_log = None  # while a vector env steps, the log its envs' episodes go to
+        self.start_step = start_step
 
     def new_log(self):
         self.logs.append(EpisodeLog())
+        self.logs[-1].steps = self.start_step
         return self.logs[-1]
 
 
@@ -243,9 +251,9 @@ class GameRecorder:
         return obs, reward, terminated, truncated, info
 
 
-def start_recording(script_source):
+def start_recording(script_source, start_step=0):
     """Wraps the env constructors of gymnasium (and of envpool, for a script that imports it), for this process."""
-    recording = Recording()
+    recording = Recording(start_step)
     real_make, real_vector_step = gym.make, gym.vector.SyncVectorEnv.step
 
     def vector_step(envs, actions):
@@ -268,16 +276,56 @@ def start_recording(script_source):
     return recording
 
 
-def record_run(script, seed, flags, out):
-    """Runs a script's __main__ in this process with its envs logged; writes the run's record to `out`."""
-    recording = start_recording(script.read_text())  # this process ends with the run: nothing to undo
-    sys.argv = [str(script), *flags, "--seed", str(seed)]
+def partial_paths(out):
+    """An unfinished run's checkpoint and the episodes logged up to it, hidden beside its record-to-be."""
+    return out.with_name(f".{out.stem}.pt"), out.with_name(f".{out.stem}.episodes.json")
+
+
+def record_run(script, seed, flags, out, checkpoint_every=0):
+    """Runs a script's __main__ in this process with its envs logged; writes the run's record to `out`.
+    checkpoint_every: the script saves a checkpoint that often, with the episodes so far beside it, and an unfinished
+    run of this record is resumed from there."""
+    import torch  # the scripts' own: with the script loaded, it costs nothing more
+
+    model, partial = partial_paths(out)
+    before = {"episodes": [], "wall_seconds": 0.0, "resumed_at": []}  # what earlier sittings of this run did
+    checkpoint_flags = []
+    if checkpoint_every:
+        checkpoint_flags = ["--save-model", "--eval-episodes", "0", "--checkpoint-every", str(checkpoint_every),
+                            "--model-path", str(model)]  # fmt: skip
+        if model.exists() and partial.exists():
+            step = torch.load(model, map_location="cpu", weights_only=True)["global_step"]
+            saved = json.loads(partial.read_text())
+            # The episodes file is written as the checkpoint is: it may be a save ahead, never behind.
+            episodes = [episode for episode in saved["episodes"] if episode[0] <= step]
+            before = {
+                "episodes": episodes,
+                "wall_seconds": saved["wall_seconds"],
+                "resumed_at": [*saved["resumed_at"], step],
+            }
+            checkpoint_flags += ["--resume", str(model)]
+            say(f"seed {seed}: resumed at step {step} from {model}")
+    start_step = before["resumed_at"][-1] if before["resumed_at"] else 0
+    recording = start_recording(script.read_text(), start_step)  # this process ends with the run: nothing to undo
+    sys.argv = [str(script), *flags, "--seed", str(seed), *checkpoint_flags]
     start = time.perf_counter()
+
+    real_save = torch.save
+
+    def save_with_episodes(obj, *args, **kwargs):
+        real_save(obj, *args, **kwargs)
+        if isinstance(obj, dict) and "global_step" in obj:  # the script's checkpoint: the episodes go with it
+            log = max(recording.logs, key=lambda log: log.steps)  # the training env's: the one that stepped most
+            episodes = before["episodes"] + log.episodes
+            wall_seconds = before["wall_seconds"] + time.perf_counter() - start
+            partial.write_text(json.dumps({**before, "episodes": episodes, "wall_seconds": wall_seconds}))
+
+    torch.save = save_with_episodes
     try:
         run = runpy.run_path(str(script), run_name="__main__")
     except KeyboardInterrupt:  # a script that does not handle Ctrl-C itself: no traceback, no record
         sys.exit(130)
-    wall_seconds = time.perf_counter() - start
+    wall_seconds = before["wall_seconds"] + time.perf_counter() - start
 
     reported = run.get("episode_returns")
     matching = [log for log in recording.logs if [ret for _, ret in log.episodes] == reported]
@@ -309,33 +357,40 @@ def record_run(script, seed, flags, out):
         "total_timesteps": budget,
         "steps": log.steps,
         "wall_seconds": wall_seconds,
-        "episodes": log.episodes,
+        "resumed_at": before["resumed_at"],
+        "episodes": before["episodes"] + log.episodes,
     }
     temporary = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     temporary.write_text(json.dumps(record) + "\n")
     temporary.replace(out)  # atomic: a record exists whole or not at all
+    for path in (model, partial):
+        path.unlink(missing_ok=True)
 
 
 # --- run: a batch of seeds, resumable -----------------------------------------------------------------------------
 
 
-def run_child(script, seed, flags, out):
+def run_child(script, seed, flags, out, checkpoint_every):
     """Exit status of one run in a child process (`record`)."""
-    command = [sys.executable, __file__, "record", "--script", str(script), "--seed", str(seed), "--out", str(out)]
+    command = [sys.executable, __file__, "record", "--script", str(script), "--seed", str(seed), "--out", str(out),
+               "--checkpoint-every", str(checkpoint_every)]  # fmt: skip
     child = subprocess.Popen([*command, "--", *flags])
     try:
         return child.wait()
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child got the Ctrl-C too: let it end its run its way
         child.wait()
-        fail(f"interrupted in seed {seed}: records of finished seeds are kept; the same command runs the rest", 130)
+        fail(f"interrupted in seed {seed}: records of finished seeds (and checkpoints) are kept; the same command "
+             "goes on", 130)  # fmt: skip
 
 
-def run_batch(script, seeds, flags, out):
+def run_batch(script, seeds, flags, out, checkpoint_every):
     if any(flag == "--seed" or flag.startswith("--seed=") for flag in flags):
         fail("the seeds come from --seeds: leave --seed out of the script's flags")
     if min(seeds) < 0 or len(set(seeds)) < len(seeds):
         fail(f"--seeds must be distinct non-negative integers, got {' '.join(map(str, seeds))}")
+    if checkpoint_every < 0:
+        fail(f"--checkpoint-every must not be negative, got {checkpoint_every}")
     if out.exists() and not out.is_dir():
         fail(f"--out {out} is a file, not a folder")
     out.mkdir(parents=True, exist_ok=True)
@@ -358,7 +413,7 @@ def run_batch(script, seeds, flags, out):
             say(f"seed {seed}: done before, skipped ({path})")
             continue
         say(f"seed {seed}: python {shown_path(script)} {shlex.join([*flags, '--seed', str(seed)])}")
-        status = run_child(script, seed, flags, path)
+        status = run_child(script, seed, flags, path, checkpoint_every)
         if status == 2:
             sys.exit(2)  # the script refused its flags and said why: every seed would
         if status != 0 or not path.exists():
@@ -565,10 +620,12 @@ def main():
     run.add_argument("--script", required=True, help="a script of leanrl/ by name, or the path of a .py file")
     run.add_argument("--seeds", type=int, nargs="+", required=True)
     run.add_argument("--out", type=Path, required=True, help="the folder of the records")
+    run.add_argument("--checkpoint-every", type=int, default=0, help="env steps between checkpoints (0: none)")
     one = commands.add_parser("record", help="one run in this process (what run starts per seed)")
     one.add_argument("--script", required=True)
     one.add_argument("--seed", type=int, required=True)
     one.add_argument("--out", type=Path, required=True, help="the record's file")
+    one.add_argument("--checkpoint-every", type=int, default=0)
     draw = commands.add_parser("plot", help="curves and table from the records of one or more folders")
     draw.add_argument("folders", type=Path, nargs="+")
     draw.add_argument("--out", type=Path, help="the PNG, the table beside it (default: FIRST_FOLDER/curves.png)")
@@ -576,9 +633,9 @@ def main():
     args = parser.parse_args(argv)
 
     if args.command == "run":
-        run_batch(script_file(args.script), args.seeds, flags, args.out)
+        run_batch(script_file(args.script), args.seeds, flags, args.out, args.checkpoint_every)
     elif args.command == "record":
-        record_run(script_file(args.script), args.seed, flags, args.out)
+        record_run(script_file(args.script), args.seed, flags, args.out, args.checkpoint_every)
     else:
         if flags:
             fail("plot takes no script flags")

@@ -5,8 +5,10 @@ sets ours beside them; bad input gets one line and exit status 2.
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import matplotlib.image
 import matplotlib.pyplot as plt
@@ -62,6 +64,43 @@ def test_run_records_the_scripts_episodes_and_a_rerun_skips_recorded_seeds(tmp_p
     seed_2 = records(tmp_path)[learning_curves.record_name(SAC, list(SAC_FLAGS), 2)]
     assert seed_2["seed"] == 2 and [step for step, _ in seed_2["episodes"]] == [200, 400]
     assert seed_2["episodes"] != record["episodes"]
+
+
+def test_an_interrupted_seed_goes_on_from_its_checkpoint(tmp_path):
+    """--checkpoint-every: a run stopped by Ctrl-C (SIGINT to the process group, as a terminal sends it) writes its
+    checkpoint and its episodes so far; the same command resumes the seed there, and the record holds the episodes
+    of both sittings, stamped in order, and the step it resumed at."""
+    flags = ("--env-id", "Pendulum-v1", "--total-timesteps", "1200", "--learning-starts", "100", "--batch-size", "32")
+    command = [sys.executable, str(TOOL), "run", "--script", "sac_continuous_action", "--seeds", "1",
+               "--out", str(tmp_path), "--checkpoint-every", "200", "--", *flags]  # fmt: skip
+    name = learning_curves.record_name("sac_continuous_action", list(flags), 1)
+    model, partial = learning_curves.partial_paths(tmp_path / name)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, start_new_session=True, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while not (partial.exists() and len(json.loads(partial.read_text())["episodes"]) >= 2):
+            assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGINT)
+        output, _ = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    assert process.returncode == 130, output
+    assert not (tmp_path / name).exists() and model.exists(), "an interrupted seed has a checkpoint, no record"
+    step = torch.load(model, weights_only=True)["global_step"]
+    assert 400 <= step < 1200, step
+
+    second = run_tool(*command[2:])
+    assert second.returncode == 0, describe(second)
+    assert f"seed 1: resumed at step {step}" in second.stdout
+    record = records(tmp_path)[name]
+    assert record["resumed_at"] == [step] and record["steps"] == 1200
+    # 200-step episodes from step 0, then from the resume on: the episode cut short by the interruption is not one.
+    before, after = list(range(200, step + 1, 200)), list(range(step + 200, 1201, 200))
+    assert [end for end, _ in record["episodes"]] == before + after
+    assert not model.exists() and not partial.exists(), "the checkpoint and episodes of a recorded seed are removed"
 
 
 def test_vector_env_episodes_are_stamped_with_the_steps_of_every_env(tmp_path):
