@@ -21,17 +21,17 @@ SKIPPED_STEPS = 100  # training steps left out at the start: compilation and war
 # (pattern in the script, text inserted before each match); every pattern must match exactly once.
 TIMERS = [
     (
-        r"\n    for global_step in pbar:\n",
+        r"\n    for step in pbar:\n",
         "\n    from collections import defaultdict\n    phase_seconds = defaultdict(float)\n    clock = time.perf_counter\n",
     ),
-    (r"\n        if global_step == args.learning_starts:\n", "\n        tick = clock()"),
+    (r"\n        if step == train_step:\n", "\n        tick = clock()"),
     (r"\n        next_obs, reward, terminated, truncated, _ = env.step", "\n        tick = lap('act', tick)"),
     (r"\n        replay_buffer.add\(", "\n        tick = lap('env step', tick)"),
     (r"\n        episode_return \+= float\(reward\)", "\n        tick = lap('store', tick)"),
     (r"\n            data = replay_buffer.sample\(", "\n            tick = clock()"),
     (r"\n            losses = \w+.update_critic\(data\)", "\n            tick = lap('sample', tick)"),
-    (r"\n            if global_step % args.policy_frequency == 0:", "\n            tick = lap('critic update', tick)"),
-    (r"\n            if global_step % LOG_EVERY == 0:", "\n            tick = lap('actor and target updates', tick)"),
+    (r"\n            if step % args.policy_frequency == 0:", "\n            tick = lap('critic update', tick)"),
+    (r"\n            if step % LOG_EVERY == 0:", "\n            tick = lap('actor and target updates', tick)"),
 ]
 
 
@@ -44,7 +44,7 @@ def instrumented_source(source):
     lap = (
         "def lap(phase, start):\n"
         "    now = time.perf_counter()\n"
-        f"    if global_step >= args.learning_starts + {SKIPPED_STEPS}:\n"
+        f"    if step >= args.learning_starts + {SKIPPED_STEPS}:\n"
         "        phase_seconds[phase] += now - start\n"
         "    return now\n"
     )

@@ -347,12 +347,13 @@ def save_checkpoint(path, dqn, replay_buffer, args, global_step, recent_returns)
     os.replace(path + ".tmp", path)
 
 
-def load_checkpoint(path, args, device):
+def load_checkpoint(path, args):
     """A checkpoint of this run (algorithm, env, seed and hyper-parameters), or one line and exit status 2."""
     if not os.path.isfile(path):
         exit_with_error(f"no checkpoint at {path}")
     try:
-        checkpoint = torch.load(path, map_location=device, weights_only=True)
+        # On the CPU: loading puts each tensor where its parameter lives, and a CUDA run resumes on a CPU.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # truncated, corrupt, or not a torch file at all: each raises its own type
         exit_with_error(f"cannot read the checkpoint {path}: {str(error).splitlines()[0]}")
     if not isinstance(checkpoint, dict) or checkpoint.get("algo") != "dqn":
@@ -459,7 +460,7 @@ if __name__ == "__main__":
     if args.cudagraphs and device.type != "cuda":
         print(f"{script}: --cudagraphs needs a CUDA device; cudagraphs are off for this run", file=sys.stderr)
         args.cudagraphs = False
-    checkpoint = load_checkpoint(args.resume, args, device) if args.resume else None
+    checkpoint = load_checkpoint(args.resume, args) if args.resume else None
     start_step = checkpoint["global_step"] if checkpoint else 0
     model_path = args.model_path or args.resume
     model_path = (
@@ -570,7 +571,7 @@ if __name__ == "__main__":
             video_folder = os.path.join(os.path.dirname(model_path), "videos") if args.capture_video else None
             if video_folder:
                 os.makedirs(video_folder, exist_ok=True)
-            eval_checkpoint = torch.load(model_path, map_location=device, weights_only=True)
+            eval_checkpoint = torch.load(model_path, map_location="cpu", weights_only=True)
             eval_return = evaluate(eval_checkpoint, args, device, video_folder, stop_signals)
     final_return = float(np.mean(recent_returns)) if recent_returns else None
     results = {

@@ -333,12 +333,13 @@ def save_checkpoint(path, ppo, args, global_step, iteration, recent_returns):
     os.replace(path + ".tmp", path)
 
 
-def load_checkpoint(path, args, device):
+def load_checkpoint(path, args):
     """A checkpoint of this run (algorithm, env, seed and hyper-parameters), or one line and exit status 2."""
     if not os.path.isfile(path):
         exit_with_error(f"no checkpoint at {path}")
     try:
-        checkpoint = torch.load(path, map_location=device, weights_only=True)
+        # On the CPU: loading puts each tensor where its parameter lives, and a CUDA run resumes on a CPU.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # truncated, corrupt, or not a torch file at all: each raises its own type
         exit_with_error(f"cannot read the checkpoint {path}: {str(error).splitlines()[0]}")
     if not isinstance(checkpoint, dict) or checkpoint.get("algo") != "ppo_atari":
@@ -369,29 +370,32 @@ def evaluate(checkpoint, args, device, video_folder, stop_signals):
     envs = make_envs(args.env_id, 1, args.seed + EVAL_SEED_OFFSET)
     agent = Agent(envs.action_space.n).to(device)
     agent.load_state_dict(checkpoint["agent"]["agent"])
-    torch.manual_seed(args.seed + EVAL_SEED_OFFSET)  # the sampled actions: the same checkpoint, the same evaluation
     returns = []
-    while len(returns) < args.eval_episodes and not stop_signals:
-        obs, _ = envs.reset()
-        game_return, game_over = 0.0, False
-        video = None
-        if video_folder:  # 84x84 as it is: no resizing to a multiple of 16 (H.264 needs only even sides)
-            video = imageio.get_writer(
-                f"{video_folder}/eval-episode-{len(returns)}.mp4", fps=VIDEO_FPS, macro_block_size=2
-            )
-        while not game_over and not stop_signals:
+    # The actions are sampled from torch's generator seeded like the env (the same checkpoint, the same evaluation),
+    # and the run's generators are restored afterwards.
+    with torch.random.fork_rng():
+        torch.manual_seed(args.seed + EVAL_SEED_OFFSET)
+        while len(returns) < args.eval_episodes and not stop_signals:
+            obs, _ = envs.reset()
+            game_return, game_over = 0.0, False
+            video = None
+            if video_folder:  # 84x84 as it is: no resizing to a multiple of 16 (H.264 needs only even sides)
+                video = imageio.get_writer(
+                    f"{video_folder}/eval-episode-{len(returns)}.mp4", fps=VIDEO_FPS, macro_block_size=2
+                )
+            while not game_over and not stop_signals:
+                if video:
+                    video.append_data(obs[0, -1])  # what the agent sees: the newest of its 4 stacked 84x84 frames
+                with torch.no_grad():
+                    action = agent.get_action_and_value(torch.as_tensor(obs, dtype=torch.float32, device=device))[0]
+                obs, _, _, truncations, infos = envs.step(action.cpu().numpy())
+                game_return += float(infos["reward"][0])
+                # A lost life ends an episode but not the game: the env goes on to the next life, as in training.
+                game_over = bool(infos["terminated"][0] or truncations[0])
             if video:
-                video.append_data(obs[0, -1])  # what the agent sees: the newest of its 4 stacked 84x84 frames
-            with torch.no_grad():
-                action = agent.get_action_and_value(torch.as_tensor(obs, dtype=torch.float32, device=device))[0]
-            obs, _, _, truncations, infos = envs.step(action.cpu().numpy())
-            game_return += float(infos["reward"][0])
-            # A lost life ends an episode but not the game: the env goes on to the next life, as in training.
-            game_over = bool(infos["terminated"][0] or truncations[0])
-        if video:
-            video.close()
-        if game_over:
-            returns.append(game_return)
+                video.close()
+            if game_over:
+                returns.append(game_return)
     envs.close()
     return float(np.mean(returns)) if len(returns) == args.eval_episodes else None
 
@@ -427,7 +431,7 @@ if __name__ == "__main__":
     if args.capture_video:
         check_video_recording()
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    checkpoint = load_checkpoint(args.resume, args, device) if args.resume else None
+    checkpoint = load_checkpoint(args.resume, args) if args.resume else None
     start_iteration, start_step = (checkpoint["iteration"], checkpoint["global_step"]) if checkpoint else (0, 0)
     model_path = args.model_path or args.resume
     model_path = (
@@ -587,7 +591,7 @@ if __name__ == "__main__":
             video_folder = os.path.join(os.path.dirname(model_path), "videos") if args.capture_video else None
             if video_folder:
                 os.makedirs(video_folder, exist_ok=True)
-            eval_checkpoint = torch.load(model_path, map_location=device, weights_only=True)
+            eval_checkpoint = torch.load(model_path, map_location="cpu", weights_only=True)
             eval_return = evaluate(eval_checkpoint, args, device, video_folder, stop_signals)
     final_return = float(np.mean(recent_returns)) if recent_returns else None
     results = {

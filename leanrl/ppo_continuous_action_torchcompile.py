@@ -426,13 +426,12 @@ def rng_state():
 
 
 def set_rng_state(state):
-    # .cpu(): a checkpoint loaded onto a CUDA device has its generator states there, and generators read CPU bytes.
     random.setstate(state["python"])
     name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.cpu().numpy(), *rest))
-    torch.set_rng_state(state["torch"].cpu())
+    np.random.set_state((name, keys.numpy(), *rest))
+    torch.set_rng_state(state["torch"])
     if state["cuda"] and len(state["cuda"]) == torch.cuda.device_count():  # a CUDA run resumed on a CPU skips it
-        torch.cuda.set_rng_state_all([cuda_state.cpu() for cuda_state in state["cuda"]])
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save_checkpoint(path, ppo, envs, args, iteration, global_step, recent_returns):
@@ -455,12 +454,13 @@ def save_checkpoint(path, ppo, envs, args, iteration, global_step, recent_return
     os.replace(path + ".tmp", path)
 
 
-def load_checkpoint(path, args, device):
+def load_checkpoint(path, args):
     """A checkpoint of this run (algorithm, env, seed and hyper-parameters), or one line and exit status 2."""
     if not os.path.isfile(path):
         exit_with_error(f"no checkpoint at {path}")
     try:
-        checkpoint = torch.load(path, map_location=device, weights_only=True)
+        # On the CPU: loading puts each tensor where its parameter lives, and a CUDA run resumes on a CPU.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # truncated, corrupt, or not a torch file at all: each raises its own type
         exit_with_error(f"cannot read the checkpoint {path}: {str(error).splitlines()[0]}")
     if not isinstance(checkpoint, dict) or checkpoint.get("algo") != "ppo_continuous":
@@ -560,7 +560,7 @@ if __name__ == "__main__":
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    checkpoint = load_checkpoint(args.resume, args, device) if args.resume else None
+    checkpoint = load_checkpoint(args.resume, args) if args.resume else None
     start_step, start_iteration = (checkpoint["global_step"], checkpoint["iteration"]) if checkpoint else (0, 0)
     model_path = args.model_path or args.resume
     model_path = (
@@ -690,7 +690,7 @@ if __name__ == "__main__":
             video_folder = os.path.join(os.path.dirname(model_path), "videos") if args.capture_video else None
             if video_folder:
                 os.makedirs(video_folder, exist_ok=True)
-            eval_checkpoint = torch.load(model_path, map_location=device, weights_only=True)
+            eval_checkpoint = torch.load(model_path, map_location="cpu", weights_only=True)
             eval_return = evaluate(eval_checkpoint, args, device, video_folder, stop_signals)
     envs.close()
     final_return = float(np.mean(recent_returns)) if recent_returns else None

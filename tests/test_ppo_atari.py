@@ -5,6 +5,7 @@ returns, the command line, the globals of a run (`episode_returns`, the last rol
 and exit statuses. The plain script stores frames as float32, the twin as uint8: both divide by 255 in the network.
 """
 
+import copy
 import signal
 
 import envpool
@@ -646,7 +647,7 @@ def test_twin_reads_and_writes_the_plain_layout():
         call_update(plain, PLAIN, random_minibatch(seed=300 + round_))
     plain.set_learning_rate(1e-4 / 3)  # not a float32 number
     lr_tensor = twin.optimizer.param_groups[0]["lr"]
-    twin.load_state_dict(plain.state_dict())
+    twin.load_state_dict(copy.deepcopy(plain.state_dict()))  # as from a file: the optimizers share no tensor
     group = twin.optimizer.param_groups[0]
     assert group["lr"] is lr_tensor and group["fused"] is True and group["capturable"] is False
     assert_same_state(twin.state_dict(), plain.state_dict())
