@@ -436,7 +436,13 @@ if __name__ == "__main__":
     sps = compile_seconds = None
     losses = None  # the last gradient step's, logged every LOG_EVERY steps
     global_step = start_step  # the steps done, as the loop goes
-    pbar = tqdm.tqdm(range(start_step, args.total_timesteps), desc=script, mininterval=1.0, initial=start_step)
+    pbar = tqdm.tqdm(
+        range(start_step, args.total_timesteps),
+        desc=script,
+        mininterval=1.0,
+        initial=start_step,
+        total=args.total_timesteps,
+    )
     for step in pbar:
         if step == train_step:
             train_start = time.perf_counter()

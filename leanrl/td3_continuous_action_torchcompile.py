@@ -554,7 +554,13 @@ if __name__ == "__main__":
     train_start = measure_start = None
     sps = compile_seconds = None
     global_step = start_step  # the steps done, as the loop goes
-    pbar = tqdm.tqdm(range(start_step, args.total_timesteps), desc=script, mininterval=1.0, initial=start_step)
+    pbar = tqdm.tqdm(
+        range(start_step, args.total_timesteps),
+        desc=script,
+        mininterval=1.0,
+        initial=start_step,
+        total=args.total_timesteps,
+    )
     for step in pbar:
         if step == train_step:
             train_start = time.perf_counter()
