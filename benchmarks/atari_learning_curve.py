@@ -6,11 +6,21 @@ unclipped score (all lives) and the env steps done when it ended. The recorded s
 game with the same env settings for the baseline.
 
     python benchmarks/atari_learning_curve.py --total-timesteps 500000 --out docs/breakout_ppo_500k.png
+
+With --processes N it runs the script in a world of N processes (torchrun on this machine; a distributed script of
+leanrl/): each rank records its own envs, a game's step is the global step count (every rank steps in lockstep), and
+rank 0 puts the games of all ranks in the order the script reports them, checks them against its `episode_returns`
+and writes the plot and summary.
+
+    python benchmarks/atari_learning_curve.py --script ppo_atari_envpool_distributed_torchcompile --processes 2 \\
+        --total-timesteps 500000 --out docs/breakout_distributed/world2.png
 """
 
 import argparse
 import json
+import os
 import runpy
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -59,6 +69,35 @@ def random_policy_scores(env_id, games, seed):
     return [score for _, score in envs.games[:games]]
 
 
+def launch_world(nproc):
+    """Runs this command again under torchrun with nproc ranks on this machine; returns torchrun's exit status."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+               __file__, *sys.argv[1:]]  # fmt: skip
+    return subprocess.run(command).returncode
+
+
+def gather_ranks_games(games, out, rank, world_size, timeout=600):
+    """Every rank's games on rank 0, from files beside --out (the script has closed its process group by now):
+    [(rank, env steps of that rank, score)]. Ranks other than 0 write theirs and get None."""
+    path = out.with_name(f".{out.stem}.rank{{}}.json")
+    if rank != 0:
+        temporary = out.with_name(f".{out.stem}.rank{rank}.tmp")
+        temporary.write_text(json.dumps(games))
+        temporary.replace(Path(str(path).format(rank)))
+        return None
+    deadline = time.monotonic() + timeout
+    gathered = [(0, steps, score) for steps, score in games]
+    for other in range(1, world_size):
+        other_path = Path(str(path).format(other))
+        while not other_path.exists():
+            if time.monotonic() > deadline:
+                sys.exit(f"rank {other} wrote no games in {timeout} s")
+            time.sleep(0.5)
+        gathered += [(other, steps, score) for steps, score in json.loads(other_path.read_text())]
+        other_path.unlink()
+    return gathered
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--script", default="ppo_atari_envpool_torchcompile", help="a PPO Atari script of leanrl/")
@@ -67,8 +106,13 @@ def main():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--random-games", type=int, default=100)
     parser.add_argument("--no-compile", action="store_true", help="run the twin without --compile")
+    parser.add_argument("--processes", type=int, default=1, help="processes of a distributed script (torchrun)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "breakout_ppo_500k.png")
     args = parser.parse_args()
+    if args.processes > 1 and "RANK" not in os.environ:
+        sys.exit(launch_world(args.processes))
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python", "benchmarks/atari_learning_curve.py", *sys.argv[1:]])
 
     made = []
@@ -85,28 +129,40 @@ def main():
         flags.append("--compile")
     sys.argv = [str(script), *flags]
     start = time.perf_counter()
-    run = runpy.run_path(str(script), run_name="__main__")
+    try:
+        run = runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exit_:  # a distributed script's ranks other than 0 leave through sys.exit(0)
+        if exit_.code or rank == 0:
+            raise
+        run = None
     wall_seconds = time.perf_counter() - start
     envpool.make = real_make
 
     (recorder,) = made
-    steps, scores = map(np.array, zip(*recorder.games, strict=True))
+    gathered = gather_ranks_games(recorder.games, args.out, rank, world_size)
+    if rank != 0:
+        return
+    # The script reports an iteration's games rank by rank, each rank's in the order they ended; a rank's env steps
+    # times the world size are the global step count (the ranks step together, each with num_envs / world_size envs).
+    rollout_steps = run["args"].num_envs // world_size * run["args"].num_steps
+    gathered.sort(key=lambda game: ((game[1] - 1) // rollout_steps, game[0]))  # stable: each rank's order is kept
+    steps, scores = map(np.array, zip(*((steps * world_size, score) for _, steps, score in gathered), strict=True))
     if list(scores) != run["episode_returns"]:
         sys.exit("the recorded game scores differ from the script's episode_returns")
     random_scores = random_policy_scores(args.env_id, args.random_games, args.seed)
 
-    window = 20
+    window = min(20, len(scores))  # fewer games only in a short try
     rolling = np.convolve(scores, np.ones(window) / window, mode="valid")
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, scores, ".", alpha=0.25, color="tab:blue", label="a finished game")
     ax.plot(steps[window - 1 :], rolling, color="tab:blue", label=f"mean of the last {window} games")
     ax.axhline(np.mean(random_scores), color="tab:red", ls="--", label=f"random policy ({args.random_games} games)")
-    ax.set_xlabel("environment steps (8 envs, 4 frames skipped per step)")
+    ax.set_xlabel(f"environment steps ({run['args'].num_envs} envs, 4 frames skipped per step)")
     ax.set_ylabel("game score (unclipped, all lives)")
-    ax.set_title(f"{args.script}.py {' '.join(flags[6:])} on {args.env_id}, seed {args.seed}")
+    world = f", {world_size} processes" if world_size > 1 else ""
+    ax.set_title(f"{args.script}.py {' '.join(flags[6:])} on {args.env_id}, seed {args.seed}{world}")
     ax.legend(loc="upper left")
     ax.grid(alpha=0.3)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
 
@@ -114,6 +170,7 @@ def main():
         "command": command,
         "script": f"{args.script}.py",
         "flags": flags,
+        "world_size": world_size,
         "games": len(scores),
         "final_mean_return_last_20_games": float(np.mean(scores[-20:])),
         "random_policy_mean_return": float(np.mean(random_scores)),

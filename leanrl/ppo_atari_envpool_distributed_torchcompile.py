@@ -598,7 +598,7 @@ if __name__ == "__main__":
         torch.set_num_threads(threads)
         if rank == 0:
             print(f"{script}: a world of {world_size} process(es) ({backend}), each with {rank_num_envs} envs and "
-                  f"{threads} threads")  # fmt: skip
+                  f"{threads} thread(s)")  # fmt: skip
     checkpoint = load_checkpoint(args.resume, args) if args.resume else None
     start_iteration, start_step = (checkpoint["iteration"], checkpoint["global_step"]) if checkpoint else (0, 0)
     model_path = args.model_path or args.resume

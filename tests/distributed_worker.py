@@ -1,0 +1,118 @@
+"""One rank of the distributed PPO Atari tests, launched by torchrun from tests/test_ppo_atari_distributed.py:
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed_worker.py gradient OUT
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed_worker.py run OUT SCRIPT FLAGS...
+
+gradient: every rank builds each script's PPO (plain, then twin) and updates it on its share of fixed global
+minibatches (with and without advantage normalisation, some steps masked out); it saves the agent's parameters before
+the update, its gradients after it (the all-reduced ones) and the losses summed over ranks.
+run: every rank runs SCRIPT's `__main__` with FLAGS, as torchrun would, and saves what the run ended with: the agent's
+parameters, its last rollout's observations, its optimizer step counts, the episode returns it reports, the seed its
+envs were made with and its exit status.
+Each rank writes OUT/<mode>_rank<r>.pt; the test compares them.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import envpool
+import torch
+import torch.distributed as dist
+from tensordict import TensorDict
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+from conftest import load_script, script_path  # noqa: E402
+
+NUM_ACTIONS = 4
+GLOBAL_MINIBATCH = 16  # the rows of the global minibatch; each rank gets a contiguous half
+KEYS = ("obs", "actions", "logprobs", "advantages", "returns", "values", "mask")
+
+
+def global_minibatch(seed):
+    """A minibatch of random frames and rollout quantities, a quarter of its steps masked out; the same on every rank."""
+    generator = torch.Generator().manual_seed(seed)
+    size = GLOBAL_MINIBATCH
+    return dict(
+        obs=torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8, generator=generator),
+        actions=torch.randint(0, NUM_ACTIONS, (size,), generator=generator),
+        logprobs=torch.log(torch.full((size,), 1.0 / NUM_ACTIONS)) + 0.1 * torch.randn(size, generator=generator),
+        advantages=torch.randn(size, generator=generator),
+        returns=torch.randn(size, generator=generator),
+        values=torch.randn(size, generator=generator),
+        mask=(torch.rand(size, generator=generator) >= 0.25).float(),
+    )
+
+
+def gradient(out):
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    results = {}
+    for name in ("ppo_atari_envpool_distributed", "ppo_atari_envpool_distributed_torchcompile"):
+        module = load_script(name)
+        for norm_adv in (True, False):
+            torch.manual_seed(100 + rank)  # rank 0's initial parameters must reach the others (the broadcast)
+            # No clipping: the gradient itself is compared.
+            args = module.Args(norm_adv=norm_adv, max_grad_norm=1e9)
+            ppo = module.build_ppo(NUM_ACTIONS, args, torch.device("cpu"))
+            initial = {key: value.clone() for key, value in ppo.agent.state_dict().items()}
+            batch = global_minibatch(seed=7)
+            share = GLOBAL_MINIBATCH // world_size
+            rank_batch = {key: value[rank * share : (rank + 1) * share] for key, value in batch.items()}
+            if name.endswith("_torchcompile"):
+                losses = ppo.update(TensorDict(rank_batch, batch_size=[share]))
+            else:
+                losses = ppo.update(rank_batch["obs"].float(), *(rank_batch[key] for key in KEYS[1:]))
+            summed = module.sum_over_ranks(*(losses[key].detach() for key in losses.keys()))
+            results[name, norm_adv] = dict(
+                initial=initial,
+                gradients={key: value.grad.clone() for key, value in ppo.agent.named_parameters()},
+                losses=dict(zip(losses.keys(), summed, strict=True)),
+                batch=batch,
+            )
+    torch.save(results, Path(out) / f"gradient_rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def run(out, script, flags):
+    rank = int(os.environ["RANK"])
+    env_seeds = []
+    real_make = envpool.make
+
+    def make(*args, **kwargs):
+        env_seeds.append(kwargs["seed"])
+        return real_make(*args, **kwargs)
+
+    envpool.make = make
+    path = script_path(script)
+    sys.argv = [str(path), *flags]
+    # The script's globals are kept in this dict: ranks other than 0 leave through sys.exit at the end of a run.
+    run_globals = {"__name__": "__main__", "__file__": str(path)}
+    status = 0
+    try:
+        exec(compile(path.read_text(), str(path), "exec"), run_globals)
+    except SystemExit as exit_:
+        status = exit_.code
+    ppo = run_globals["ppo"]
+    rollout_obs = run_globals["obs"] if "obs" in run_globals else run_globals["rollout"]["obs"]
+    torch.save(
+        dict(
+            status=status,
+            env_seeds=env_seeds,
+            params={key: value.clone() for key, value in ppo.agent.state_dict().items()},
+            rollout_obs=rollout_obs.clone(),
+            optimizer_steps=sorted({state["step"].item() for state in ppo.optimizer.state.values()}),
+            episode_returns=run_globals["episode_returns"],
+        ),
+        Path(out) / f"run_rank{rank}.pt",
+    )
+
+
+if __name__ == "__main__":
+    mode, out, *rest = sys.argv[1:]
+    torch.set_num_threads(1)
+    if mode == "gradient":
+        gradient(out)
+    else:
+        run(out, rest[0], rest[1:])
