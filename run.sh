@@ -82,13 +82,15 @@ budget() { # $1: mode, $2: script
     quick/sac_continuous_action) echo "--total-timesteps 6500" ;;  # 5000 random + 1500 training steps
     quick/td3_continuous_action) echo "--total-timesteps 26500" ;; # 25000 random (a few s) + 1500 training
     quick/ppo_continuous_action) echo "--total-timesteps 12288" ;; # (3 burn-in + 3) rollouts of 2048 steps
-    quick/ppo_atari_envpool) echo "--total-timesteps 6144" ;;      # (3 burn-in + 3) rollouts of 8 envs x 128
+    quick/ppo_atari_envpool | quick/ppo_atari_envpool_distributed) # (3 burn-in + 3) rollouts of 8 envs x 128
+      echo "--total-timesteps 6144" ;; # the distributed pair: a world of one (run.sh launches with python)
     quick/dqn) echo "--total-timesteps 30000" ;;                   # 10000 random + 20000 (2000 gradient steps)
     tiny/sac_continuous_action | tiny/td3_continuous_action)
       echo "--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 200" ;;
     tiny/ppo_continuous_action) # 4 rollouts of 64 steps: one past the 3 burn-in iterations
       echo "--env-id InvertedPendulum-v5 --num-steps 64 --num-minibatches 2 --update-epochs 1 --total-timesteps 256" ;;
-    tiny/ppo_atari_envpool) echo "--num-envs 2 --num-steps 32 --update-epochs 1 --total-timesteps 256" ;;
+    tiny/ppo_atari_envpool | tiny/ppo_atari_envpool_distributed)
+      echo "--num-envs 2 --num-steps 32 --update-epochs 1 --total-timesteps 256" ;;
     tiny/dqn) echo "--learning-starts 200 --batch-size 32 --total-timesteps 400" ;; # 20 gradient steps
     *) return 1 ;;
   esac

@@ -3,7 +3,7 @@
 #
 #   benchmarks/gpu_check.sh OUT_DIR [STAGE ...]
 #
-# Stages, in the order given (default: smoke tests speedup:1 speedup:2 speedup:3 table micro profile):
+# Stages, in the order given (default: smoke tests speedup:1 speedup:2 speedup:3 table micro profile scaling):
 #   smoke    every twin on CUDA with no flag, --compile, --cudagraphs and both, then every plain script, on the
 #            full runs' envs for a few thousand steps, with TORCH_LOGS=recompiles: a crash, a recompile after
 #            the warm-up or a missing results line is reported as FAILED (logs in OUT_DIR/smoke/).
@@ -16,6 +16,9 @@
 #            compiled, compiled and captured (OUT_DIR/micro_cuda.md).
 #   profile  each twin with --compile --cudagraphs under cProfile, on the full runs' env: the 30 functions with
 #            the most own time (OUT_DIR/profile/<script>.txt); profile:X profiles the pair X alone.
+#   scaling  the distributed Atari twin with --compile --cudagraphs under torchrun, NCCL, in worlds of 1, 2, 4
+#            and 8 processes, one GPU each (those the machine has GPUs for), the same global batch:
+#            OUT_DIR/scaling/scaling.md, a row per world (sps and final return).
 #
 # It needs the project's dependencies (requirements/requirements-dev.txt) and a CUDA device. On an offline
 # machine whose python3 has torch, unpack what ../shared/gpu/pack-deps.sh packed first:
@@ -28,9 +31,9 @@ python=${PYTHON:-python3}
 out=$1
 shift
 stages=("$@")
-((${#stages[@]})) || stages=(smoke tests speedup:1 speedup:2 speedup:3 table micro profile)
+((${#stages[@]})) || stages=(smoke tests speedup:1 speedup:2 speedup:3 table micro profile scaling)
 for stage in "${stages[@]}"; do
-  [[ $stage =~ ^(smoke|tests|speedup:[0-9]+|table|micro|profile(:[a-z_]+)?)$ ]] ||
+  [[ $stage =~ ^(smoke|tests|speedup:[0-9]+|table|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
     { echo "gpu_check: unknown stage '$stage'" >&2; exit 2; }
 done
 mkdir -p "$out"
@@ -50,14 +53,16 @@ smoke_flags() {
   case $1 in
     sac_continuous_action | td3_continuous_action) echo "--total-timesteps 3000 --learning-starts 1000" ;;
     ppo_continuous_action) echo "--total-timesteps 12288" ;;
-    ppo_atari_envpool) echo "--total-timesteps 8192" ;;
+    ppo_atari_envpool | ppo_atari_envpool_distributed) echo "--total-timesteps 8192" ;; # distributed: a world of 1
+    dqn) echo "--total-timesteps 12000" ;; # 10000 random steps, then 200 updates
   esac
 }
 
 smoke() {
   mkdir -p "$out/smoke"
   local pids=() names=()
-  for script in sac_continuous_action td3_continuous_action ppo_continuous_action ppo_atari_envpool; do
+  for script in sac_continuous_action td3_continuous_action ppo_continuous_action ppo_atari_envpool dqn \
+    ppo_atari_envpool_distributed; do
     read -ra budget <<<"$(smoke_flags $script)"
     for variant in plain twin twin+compile twin+cudagraphs twin+compile+cudagraphs; do
       IFS=+ read -ra flags <<<"$variant"
@@ -113,6 +118,36 @@ profile() { # $@: the pairs, named by their plain script
   done
 }
 
+scaling() {
+  mkdir -p "$out/scaling"
+  rm -f "$out/scaling/results.jsonl"
+  local gpus
+  gpus=$(nvidia-smi -L | wc -l)
+  for world in 1 2 4 8; do
+    if ((world > gpus)); then
+      echo "scaling: a world of $world needs $world GPUs, this machine has $gpus: not run"
+      continue
+    fi
+    "$python" -m torch.distributed.run --standalone --nproc-per-node "$world" \
+      leanrl/ppo_atari_envpool_distributed_torchcompile.py --compile --cudagraphs --total-timesteps 163840 \
+      --results-path "$out/scaling/results.jsonl" >"$out/scaling/world$world.log" 2>&1 ||
+      { echo "FAILED scaling, world of $world"; status=1; }
+    echo "world of $world: $(tr '\r' '\n' <"$out/scaling/world$world.log" | grep -v '^\s*$' | tail -n 1 | cut -c1-200)"
+  done
+  [[ -s $out/scaling/results.jsonl ]] || return
+  "$python" - "$out/scaling/results.jsonl" >"$out/scaling/scaling.md" <<'EOF'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+base = next((row["sps"] for row in rows if row["world_size"] == 1), None)
+print("| processes (GPUs) | envs each | sps | speed-up over 1 | final return (last 20 games) |")
+print("|---|---|---|---|---|")
+for row in rows:
+    speedup = f"{row['sps'] / base:.2f}x" if base and row["sps"] else "n/a"
+    print(f"| {row['world_size']} | {8 // row['world_size']} | {row['sps']:.0f} | {speedup} | {row['final_return']} |")
+EOF
+  cat "$out/scaling/scaling.md"
+}
+
 for stage in "${stages[@]}"; do
   echo "=== $stage ($(date +%H:%M:%S))"
   case $stage in
@@ -135,6 +170,7 @@ for stage in "${stages[@]}"; do
       ;;
     profile) profile sac_continuous_action td3_continuous_action ppo_continuous_action ppo_atari_envpool ;;
     profile:*) profile "${stage#profile:}" ;;
+    scaling) scaling ;;
   esac
 done
 echo "=== done ($(date +%H:%M:%S)), status $status"

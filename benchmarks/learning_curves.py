@@ -61,6 +61,7 @@ ALGOS = {
     "td3_continuous_action": "td3",
     "ppo_continuous_action": "ppo_continuous",
     "ppo_atari_envpool": "ppo_atari",
+    "ppo_atari_envpool_distributed": "ppo_atari",  # in a world of one (a plain launch)
 }
 RECORD_FIELDS = {"script", "script_path", "algo", "env_id", "seed", "flags", "total_timesteps", "steps", "episodes"}
 

@@ -511,7 +511,11 @@ if __name__ == "__main__":
         check_video_recording()
     use_cuda = torch.cuda.is_available() and args.cuda
     # One GPU per rank on a machine (torchrun's LOCAL_RANK); NCCL between GPUs, gloo between CPUs.
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if use_cuda else "cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if use_cuda and local_world_size > torch.cuda.device_count():  # NCCL cannot put two ranks on one GPU
+        exit_with_error(f"this machine has {torch.cuda.device_count()} GPU(s), too few for {local_world_size} "
+                        "processes: start at most one per GPU (--nproc-per-node), or run on the CPU with --no-cuda")  # fmt: skip
+    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
     backend = "nccl" if use_cuda else "gloo"
@@ -728,7 +732,7 @@ if __name__ == "__main__":
     final_return = float(np.mean(recent_returns)) if recent_returns else None
     results = {
         "script": script,
-        "algo": "ppo_atari",
+        "algo": "ppo_atari_distributed",  # its own row in run.sh's table (a checkpoint's algo is "ppo_atari")
         "env_id": args.env_id,
         "seed": args.seed,
         "compile": False,
