@@ -24,25 +24,10 @@ from tensordict import TensorDict
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 from conftest import load_script, script_path  # noqa: E402
+from test_ppo_atari import NUM_ACTIONS, random_minibatch  # noqa: E402
 
-NUM_ACTIONS = 4
 GLOBAL_MINIBATCH = 16  # the rows of the global minibatch; each rank gets a contiguous half
 KEYS = ("obs", "actions", "logprobs", "advantages", "returns", "values", "mask")
-
-
-def global_minibatch(seed):
-    """A minibatch of random frames and rollout quantities, a quarter of its steps masked out; the same on every rank."""
-    generator = torch.Generator().manual_seed(seed)
-    size = GLOBAL_MINIBATCH
-    return dict(
-        obs=torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8, generator=generator),
-        actions=torch.randint(0, NUM_ACTIONS, (size,), generator=generator),
-        logprobs=torch.log(torch.full((size,), 1.0 / NUM_ACTIONS)) + 0.1 * torch.randn(size, generator=generator),
-        advantages=torch.randn(size, generator=generator),
-        returns=torch.randn(size, generator=generator),
-        values=torch.randn(size, generator=generator),
-        mask=(torch.rand(size, generator=generator) >= 0.25).float(),
-    )
 
 
 def gradient(out):
@@ -57,7 +42,8 @@ def gradient(out):
             args = module.Args(norm_adv=norm_adv, max_grad_norm=1e9)
             ppo = module.build_ppo(NUM_ACTIONS, args, torch.device("cpu"))
             initial = {key: value.clone() for key, value in ppo.agent.state_dict().items()}
-            batch = global_minibatch(seed=7)
+            # Random frames and rollout quantities, a quarter of the steps masked out; the same on every rank.
+            batch = random_minibatch(seed=7, size=GLOBAL_MINIBATCH)
             share = GLOBAL_MINIBATCH // world_size
             rank_batch = {key: value[rank * share : (rank + 1) * share] for key, value in batch.items()}
             if name.endswith("_torchcompile"):

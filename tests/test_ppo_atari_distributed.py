@@ -43,8 +43,9 @@ from conftest import (
     script_path,
     sync_,
 )
-from distributed_worker import GLOBAL_MINIBATCH, KEYS, NUM_ACTIONS, global_minibatch
+from distributed_worker import GLOBAL_MINIBATCH, KEYS
 from tensordict import TensorDict
+from test_ppo_atari import NUM_ACTIONS, random_minibatch
 
 PLAIN = "ppo_atari_envpool_distributed"
 TWIN = "ppo_atari_envpool_distributed_torchcompile"
@@ -234,13 +235,6 @@ def test_envs_of_a_rank_are_those_of_a_single_process():
 
 
 # --- 4. The twin computes what the plain script does, compiled or not (a world of one) ---------------------------
-
-
-def random_minibatch(seed, size=64, device="cpu"):
-    batch = global_minibatch(seed)
-    generator = torch.Generator().manual_seed(seed)
-    rows = torch.randint(0, GLOBAL_MINIBATCH, (size,), generator=generator)
-    return {key: value[rows].to(device) for key, value in batch.items()}
 
 
 def update(ppo, name, batch):
