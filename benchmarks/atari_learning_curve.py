@@ -14,6 +14,11 @@ and writes the plot and summary.
 
     python benchmarks/atari_learning_curve.py --script ppo_atari_envpool_distributed_torchcompile --processes 2 \\
         --total-timesteps 500000 --out docs/breakout_distributed/world2.png
+
+With --compare it runs nothing: it draws the curves of runs it summarised before (their JSON files) on one plot.
+
+    python benchmarks/atari_learning_curve.py --compare docs/breakout_distributed/world1.json \\
+        docs/breakout_distributed/world2.json --out docs/breakout_distributed/worlds.png
 """
 
 import argparse
@@ -22,6 +27,7 @@ import os
 import runpy
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -98,6 +104,25 @@ def gather_ranks_games(games, out, rank, world_size, timeout=600):
     return gathered
 
 
+def compare(summaries, out, window=20):
+    """The mean of the last `window` games of each summarised run against env steps, with the random policy's mean."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for path in summaries:
+        summary = json.loads(path.read_text())
+        steps, scores = map(np.array, zip(*summary["games_steps_and_scores"], strict=True))
+        rolling = np.convolve(scores, np.ones(window) / window, mode="valid")
+        label = f"{summary['script']} {' '.join(summary['flags'][6:])}, {summary.get('world_size', 1)} process(es)"
+        ax.plot(steps[window - 1 :], rolling, label=f"{label}: {summary['final_mean_return_last_20_games']:.2f}")
+    ax.axhline(summary["random_policy_mean_return"], color="tab:red", ls="--", label="random policy")
+    ax.set_xlabel("environment steps (all envs of all processes, 4 frames skipped per step)")
+    ax.set_ylabel(f"game score, mean of the last {window} games")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"plot: {out}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--script", default="ppo_atari_envpool_torchcompile", help="a PPO Atari script of leanrl/")
@@ -108,7 +133,12 @@ def main():
     parser.add_argument("--no-compile", action="store_true", help="run the twin without --compile")
     parser.add_argument("--processes", type=int, default=1, help="processes of a distributed script (torchrun)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "breakout_ppo_500k.png")
+    parser.add_argument(
+        "--compare", type=Path, nargs="+", help="JSON summaries of earlier runs: plot them, run nothing"
+    )
     args = parser.parse_args()
+    if args.compare:
+        return compare(args.compare, args.out)
     if args.processes > 1 and "RANK" not in os.environ:
         sys.exit(launch_world(args.processes))
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
@@ -160,7 +190,8 @@ def main():
     ax.set_xlabel(f"environment steps ({run['args'].num_envs} envs, 4 frames skipped per step)")
     ax.set_ylabel("game score (unclipped, all lives)")
     world = f", {world_size} processes" if world_size > 1 else ""
-    ax.set_title(f"{args.script}.py {' '.join(flags[6:])} on {args.env_id}, seed {args.seed}{world}")
+    title = f"{args.script}.py {' '.join(flags[6:])} on {args.env_id}, seed {args.seed}{world}"
+    ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=10)
     ax.legend(loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
