@@ -36,3 +36,20 @@ def test_records_every_game_at_its_global_step(processes, tmp_path):
     assert f"{summary['final_mean_return_last_20_games']:.1f}" == final, (summary, completed.stdout[-500:])
     assert out.stat().st_size > 0
     assert not list(tmp_path.glob(".*rank*")), "rank files left behind"
+
+
+def test_compare_plots_earlier_runs_and_runs_nothing(tmp_path):
+    """--compare draws the curves of summaries written before: a PNG, and no script run (no progress bar)."""
+    summary = {"script": "ppo_atari_envpool_distributed.py", "flags": ["--env-id", "Breakout-v5", "--total-timesteps",
+               "4096", "--seed", "1"], "final_mean_return_last_20_games": 3.0, "random_policy_mean_return": 1.5,
+               "games_steps_and_scores": [[8 * (i + 1), float(i % 5)] for i in range(30)]}  # fmt: skip
+    paths = []
+    for world_size in (1, 2):
+        paths.append(tmp_path / f"world{world_size}.json")
+        paths[-1].write_text(json.dumps({**summary, "world_size": world_size}))
+    out = tmp_path / "worlds.png"
+    completed = subprocess.run([sys.executable, str(TOOL), "--compare", *map(str, paths), "--out", str(out)],
+                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert completed.returncode == 0, describe(completed)
+    assert completed.stdout.strip() == f"plot: {out}" and "it/s" not in completed.stderr, describe(completed)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
