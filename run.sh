@@ -30,6 +30,8 @@ Modes (each run's budget flags are in the budget table near the top of run.sh):
                      2-core AMD EPYC VM).
   --tiny             a few hundred steps per run on small envs, seed 1: checks that everything runs (CI);
                      its speeds mean nothing.
+The distributed Atari pair runs as a world of one, a plain launch (its row is ppo_atari_distributed); runs of
+several processes are in docs/ppo_atari_distributed.md and benchmarks/gpu_check.sh's scaling stage.
 Options (an environment variable of the same meaning in brackets; the option wins):
   --seeds "S ..."    the seeds, non-negative integers (default "1 2 3"; --tiny: "1")   [LEANRL_SEEDS]
   --scripts "X ..."  the pairs to run, named by their plain script without .py
