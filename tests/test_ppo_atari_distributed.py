@@ -29,8 +29,10 @@ from conftest import (
     assert_leaves_close,
     assert_same_state,
     check_args_of_the_pair_match,
+    check_bad_checkpoints_are_refused,
     check_bad_input_in_process,
     check_every_flag_has_a_docstring_shown_by_help,
+    check_resume_continues_the_run,
     check_signal_stops_the_run,
     describe,
     field_default,
@@ -213,6 +215,30 @@ def test_rank_zero_alone_writes_results_and_checkpoint_that_the_single_process_s
         assert_same_state(resaved[key], checkpoint[key], key)
 
 
+TINY_FLAGS = ("--env-id", "Breakout-v5", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "1",
+              "--update-epochs", "1")  # fmt: skip
+BATCH_STEPS = 32  # steps of an iteration of TINY_FLAGS
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_resume_continues_a_world_of_one(name, tmp_path, saved_checkpoints):
+    """Saved after 2 of 4 iterations and resumed: the run ends as the uninterrupted one (steps, iterations, Adam's
+    step counts); the checkpoint holds the world size and no other rank's generators."""
+    resumed = check_resume_continues_the_run(name, TINY_FLAGS, tmp_path, saved_checkpoints, steps=2 * BATCH_STEPS,
+                                             same_as_shorter_run=False)  # fmt: skip
+    assert resumed["iteration"] == 4 and resumed["world_size"] == 1 and resumed["rank_rngs"] == []
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_bad_checkpoints_are_refused(name, tmp_path, capsys):
+    flags = (*TINY_FLAGS, "--total-timesteps", BATCH_STEPS)
+    run_in_process(name, *flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
+    torch.save(load_checkpoint(tmp_path / "agent.pt") | {"algo": "ppo_continuous"}, tmp_path / "ppo_continuous.pt")
+    check_bad_checkpoints_are_refused(
+        name, flags, tmp_path / "agent.pt", tmp_path / "ppo_continuous.pt", ("--num-steps", "8"), tmp_path, capsys
+    )
+
+
 def test_envs_of_a_rank_are_those_of_a_single_process():
     """envpool seeds env i of a pool with seed + i: rank r's pool, seeded seed + r * envs a rank, plays what a single
     process's envs r * envs a rank, ... play (the same frames for the same actions). A pool seeded one off does not."""
@@ -373,6 +399,4 @@ def test_a_lost_rank_ends_the_others_with_one_line(tmp_path):
 def test_signal_stops_a_world_of_one_with_a_checkpoint(tmp_path):
     """A plain launch is a world of one: SIGTERM ends it after the iteration, checkpoint and results line written,
     exit 143; the run then resumes from the checkpoint."""
-    flags = ("--env-id", "Breakout-v5", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "1",
-             "--update-epochs", "1")  # fmt: skip
-    check_signal_stops_the_run(TWIN, flags, signal.SIGTERM, tmp_path)
+    check_signal_stops_the_run(TWIN, TINY_FLAGS, signal.SIGTERM, tmp_path)
