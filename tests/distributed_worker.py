@@ -19,15 +19,13 @@ from pathlib import Path
 import envpool
 import torch
 import torch.distributed as dist
-from tensordict import TensorDict
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 from conftest import load_script, script_path  # noqa: E402
-from test_ppo_atari import NUM_ACTIONS, random_minibatch  # noqa: E402
+from test_ppo_atari import NUM_ACTIONS, call_update, random_minibatch  # noqa: E402
 
 GLOBAL_MINIBATCH = 16  # the rows of the global minibatch; each rank gets a contiguous half
-KEYS = ("obs", "actions", "logprobs", "advantages", "returns", "values", "mask")
 
 
 def gradient(out):
@@ -46,10 +44,8 @@ def gradient(out):
             batch = random_minibatch(seed=7, size=GLOBAL_MINIBATCH)
             share = GLOBAL_MINIBATCH // world_size
             rank_batch = {key: value[rank * share : (rank + 1) * share] for key, value in batch.items()}
-            if name.endswith("_torchcompile"):
-                losses = ppo.update(TensorDict(rank_batch, batch_size=[share]))
-            else:
-                losses = ppo.update(rank_batch["obs"].float(), *(rank_batch[key] for key in KEYS[1:]))
+            # The minibatch as the single-process counterpart's update takes it: tensors, or a TensorDict.
+            losses = call_update(ppo, name.replace("_distributed", ""), rank_batch)
             summed = module.sum_over_ranks(*(losses[key].detach() for key in losses.keys()))
             results[name, norm_adv] = dict(
                 initial=initial,

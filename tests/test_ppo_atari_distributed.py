@@ -45,9 +45,8 @@ from conftest import (
     script_path,
     sync_,
 )
-from distributed_worker import GLOBAL_MINIBATCH, KEYS
-from tensordict import TensorDict
-from test_ppo_atari import NUM_ACTIONS, random_minibatch
+from distributed_worker import GLOBAL_MINIBATCH
+from test_ppo_atari import NUM_ACTIONS, build, call_update, detached, random_minibatch
 
 PLAIN = "ppo_atari_envpool_distributed"
 TWIN = "ppo_atari_envpool_distributed_torchcompile"
@@ -137,7 +136,7 @@ def test_synced_gradient_of_two_ranks_is_the_gradient_of_the_whole_minibatch(nam
     single = load_script(SINGLE_PROCESS[PLAIN])
     ppo = single.build_ppo(NUM_ACTIONS, single.Args(norm_adv=norm_adv, max_grad_norm=1e9), torch.device("cpu"))
     ppo.agent.load_state_dict(rank0["initial"])
-    losses = ppo.update(batch["obs"].float(), *(batch[key] for key in KEYS[1:]))
+    losses = call_update(ppo, SINGLE_PROCESS[PLAIN], batch)
     for key, gradient in rank0["gradients"].items():
         expected = dict(ppo.agent.named_parameters())[key].grad
         scale = expected.abs().max().item()
@@ -264,15 +263,8 @@ def test_envs_of_a_rank_are_those_of_a_single_process():
 
 
 def update(ppo, name, batch):
-    if name == PLAIN:
-        return ppo.update(batch["obs"].float(), *(batch[key] for key in KEYS[1:]))
-    return ppo.update(TensorDict({key: batch[key] for key in KEYS}, batch_size=[len(batch["obs"])]))
-
-
-def build(name, device, **overrides):
-    torch.manual_seed(0)
-    module = load_script(name)
-    return module.build_ppo(NUM_ACTIONS, module.Args(**overrides), torch.device(device))
+    """A distributed script's update takes the minibatch as its single-process counterpart's does."""
+    return detached(call_update(ppo, SINGLE_PROCESS[name], batch))
 
 
 @pytest.mark.parametrize(
@@ -282,13 +274,12 @@ def test_twin_updates_match(name, overrides, world_of_one, inductor_fallback_ran
     """Three updates from the same parameters on the same minibatches: the eager twin's gradients, steps and losses
     are the plain script's, and the compiled twin's are the eager twin's (SameUpdates, conftest)."""
     device = world_of_one
-    reference, other = build(name, device), build(TWIN, device, **overrides)
+    reference, other = build(load_script(name), device), build(load_script(TWIN), device, **overrides)
     sync_(other.agent, reference.agent)
     check = SameUpdates("update")
     for round_ in range(3):
         batch = random_minibatch(seed=400 + round_, device=device)
-        expected = {key: value.detach().clone() for key, value in update(reference, name, batch).items()}
-        actual = {key: value.detach().clone() for key, value in update(other, TWIN, batch).items()}
+        expected, actual = update(reference, name, batch), update(other, TWIN, batch)
         assert_leaves_close(actual, expected, f"round {round_} losses")
         lr = float(reference.optimizer.param_groups[0]["lr"])
         check.check(other.agent, reference.agent, lr, f"round {round_}")
