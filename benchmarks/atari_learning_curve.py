@@ -85,16 +85,19 @@ def launch_world(nproc):
 def gather_ranks_games(games, out, rank, world_size, timeout=600):
     """Every rank's games on rank 0, from files beside --out (the script has closed its process group by now):
     [(rank, env steps of that rank, score)]. Ranks other than 0 write theirs and get None."""
-    path = out.with_name(f".{out.stem}.rank{{}}.json")
+
+    def rank_file(r):
+        return out.with_name(f".{out.stem}.rank{r}.json")
+
     if rank != 0:
         temporary = out.with_name(f".{out.stem}.rank{rank}.tmp")
         temporary.write_text(json.dumps(games))
-        temporary.replace(Path(str(path).format(rank)))
+        temporary.replace(rank_file(rank))
         return None
     deadline = time.monotonic() + timeout
     gathered = [(0, steps, score) for steps, score in games]
     for other in range(1, world_size):
-        other_path = Path(str(path).format(other))
+        other_path = rank_file(other)
         while not other_path.exists():
             if time.monotonic() > deadline:
                 sys.exit(f"rank {other} wrote no games in {timeout} s")
