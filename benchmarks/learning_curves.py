@@ -40,6 +40,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -483,6 +484,7 @@ def figure(panels, window):
             mean, spread = curves.mean(axis=0), curves.std(axis=0)
             seeds = ", ".join(str(record["seed"]) for record in records)
             label = f"{run_name(script_path, flags)} (seed{'s' * (len(records) > 1)} {seeds})"
+            label = textwrap.fill(label, 100)  # a long line of flags would widen the legend and squeeze the axes
             ax.plot(grid, mean, color=color, label=label)
             ax.fill_between(grid, mean - spread, mean + spread, color=color, alpha=0.2, linewidth=0)
         # One errorbar per source and env (a legend entry each): circles for training episodes, diamonds for evaluation.

@@ -288,6 +288,24 @@ def test_plot_draws_the_issues_published_figures(made_records):
     assert x[-1] == 300_000 and y[-1] == pytest.approx(2905 + 15)  # episodes 281k..300k: returns 2810..3000
 
 
+def test_a_run_with_many_flags_does_not_narrow_its_panel(tmp_path):
+    """The legend sits below the axes; an unwrapped label of many flags once squeezed the axes to a third of the panel."""
+
+    def panel_width(folder):
+        fig = learning_curves.figure(learning_curves.read_folders([folder]), window=20)
+        fig.canvas.draw()  # constrained layout places the axes when drawn
+        (ax,) = [ax for ax in fig.axes if ax.get_title()]
+        width = ax.get_position().width
+        plt.close(fig)
+        return width
+
+    write_record(tmp_path / "short", "td3_continuous_action", "td3", "HalfCheetah-v5", 50_000, 1)
+    many_flags = ("--compile", "--learning-rate", "1e-3", "--batch-size", "100", "--learning-starts", "10000",
+                  "--policy-noise", "0.2", "--exploration-noise", "0.1", "--noise-clip", "0.5")  # fmt: skip
+    write_record(tmp_path / "long", "td3_continuous_action", "td3", "HalfCheetah-v5", 50_000, 1, flags=many_flags)
+    assert panel_width(tmp_path / "long") == pytest.approx(panel_width(tmp_path / "short"), rel=0.05)
+
+
 def markdown_rows(text, heading):
     """The rows of the table under `## heading`, as {column: cell}."""
     section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
