@@ -469,7 +469,9 @@ def recent_means(episodes, steps, count):
 
 
 def run_name(script_path, flags):
-    return shlex.join([Path(script_path).name, *flags])
+    """A script of leanrl/ by its file name; any other (a modified copy, say) by its path, so the two differ."""
+    script = Path(script_path).name if Path(script_path).parent == Path("leanrl") else str(script_path)
+    return shlex.join([script, *flags])
 
 
 def figure(panels, window):

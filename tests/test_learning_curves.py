@@ -235,12 +235,13 @@ PANELS = [
 ]
 
 
-def write_record(folder, script, algo, env_id, budget, seed, flags=("--compile",)):
-    """A record as `run` writes it; an episode ends every 1000 steps with return step / 100 + 10 * seed."""
+def write_record(folder, script, algo, env_id, budget, seed, flags=("--compile",), script_path=None):
+    """A record as `run` writes it; an episode ends every 1000 steps with return step / 100 + 10 * seed.
+    script_path: where the script was, as the record shows it (default: leanrl/)."""
     flags = [*flags, "--total-timesteps", str(budget)]
     episodes = [[step, step / 100 + 10 * seed] for step in range(1000, budget + 1, 1000)]
     machine = dict(cpu="Test CPU", cores=2, gpu=None, torch="2.13.0", torch_threads=1)
-    record = dict(script=f"{script}.py", script_path=f"leanrl/{script}.py", algo=algo, env_id=env_id, seed=seed,
+    record = dict(script=f"{script}.py", script_path=script_path or f"leanrl/{script}.py", algo=algo, env_id=env_id, seed=seed,
                   flags=flags, command="", omp_num_threads="1", machine=machine, device="cpu",
                   total_timesteps=budget, steps=budget, wall_seconds=1800.0 * seed, episodes=episodes)  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
@@ -304,6 +305,22 @@ def test_a_run_with_many_flags_does_not_narrow_its_panel(tmp_path):
                   "--policy-noise", "0.2", "--exploration-noise", "0.1", "--noise-clip", "0.5")  # fmt: skip
     write_record(tmp_path / "long", "td3_continuous_action", "td3", "HalfCheetah-v5", 50_000, 1, flags=many_flags)
     assert panel_width(tmp_path / "long") == pytest.approx(panel_width(tmp_path / "short"), rel=0.05)
+
+
+def test_a_modified_copy_of_a_script_is_named_by_its_path(tmp_path):
+    """A copy of a script changed for an experiment, outside leanrl/, has the script's file name and flags: its curve
+    and its rows are named by its path, so they cannot be taken for the script's."""
+    write_record(tmp_path / "script", "td3_continuous_action", "td3", "HalfCheetah-v5", 50_000, 1)
+    copy = "/tmp/ablation/td3_continuous_action.py"
+    write_record(tmp_path / "copy", "td3_continuous_action", "td3", "HalfCheetah-v5", 50_000, 1, script_path=copy)
+    panels = learning_curves.read_folders([tmp_path / "script", tmp_path / "copy"])
+    fig = learning_curves.figure(panels, window=20)
+    labels = {line.get_label() for ax in fig.axes for line in ax.get_lines() if "(seed" in line.get_label()}
+    plt.close(fig)
+    runs = ["td3_continuous_action.py --compile --total-timesteps 50000", f"{copy} --compile --total-timesteps 50000"]
+    assert labels == {f"{run} (seed 1)" for run in runs}
+    rows = markdown_rows(learning_curves.table(panels, 20, "curves.png", "plot"), "td3 on HalfCheetah-v5")
+    assert {row["run"] for row in rows} == {f"`{run}`" for run in runs}
 
 
 def markdown_rows(text, heading):
