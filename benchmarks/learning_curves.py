@@ -468,9 +468,14 @@ def recent_means(episodes, steps, count):
         return (sums[done] - sums[first]) / (done - first)
 
 
+def in_leanrl(script_path):
+    """Whether a record's script is one of leanrl/ (shown by name) rather than another file (shown by its path)."""
+    return Path(script_path).parent == Path("leanrl")
+
+
 def run_name(script_path, flags):
     """A script of leanrl/ by its file name; any other (a modified copy, say) by its path, so the two differ."""
-    script = Path(script_path).name if Path(script_path).parent == Path("leanrl") else str(script_path)
+    script = Path(script_path).name if in_leanrl(script_path) else str(script_path)
     return shlex.join([script, *flags])
 
 
@@ -537,7 +542,7 @@ def run_command(script_path, flags, records):
     """The command that makes these records, all in one folder (a rerun skips them and runs any seed missing)."""
     threads = {record["omp_num_threads"] for record in records}
     prefix = f"OMP_NUM_THREADS={threads.pop()} " if len(threads) == 1 and None not in threads else ""
-    script = Path(script_path).stem if Path(script_path).parent == Path("leanrl") else script_path
+    script = Path(script_path).stem if in_leanrl(script_path) else script_path
     seeds = " ".join(str(record["seed"]) for record in records)
     command = f"{prefix}python {TOOL} run --script {script} --seeds {seeds} --out {shown_path(records[0]['folder'])}"
     return command + (f" -- {shlex.join(flags)}" if flags else "")

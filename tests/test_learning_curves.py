@@ -241,8 +241,8 @@ def write_record(folder, script, algo, env_id, budget, seed, flags=("--compile",
     flags = [*flags, "--total-timesteps", str(budget)]
     episodes = [[step, step / 100 + 10 * seed] for step in range(1000, budget + 1, 1000)]
     machine = dict(cpu="Test CPU", cores=2, gpu=None, torch="2.13.0", torch_threads=1)
-    record = dict(script=f"{script}.py", script_path=script_path or f"leanrl/{script}.py", algo=algo, env_id=env_id, seed=seed,
-                  flags=flags, command="", omp_num_threads="1", machine=machine, device="cpu",
+    record = dict(script=f"{script}.py", script_path=script_path or f"leanrl/{script}.py", algo=algo, env_id=env_id,
+                  seed=seed, flags=flags, command="", omp_num_threads="1", machine=machine, device="cpu",
                   total_timesteps=budget, steps=budget, wall_seconds=1800.0 * seed, episodes=episodes)  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
     (folder / learning_curves.record_name(script, flags, seed)).write_text(json.dumps(record))
