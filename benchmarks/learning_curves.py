@@ -16,6 +16,9 @@ saves its checkpoint every N env steps (--save-model --checkpoint-every N, besid
 an interruption, and the episodes logged so far are saved with it; the same command then resumes the unfinished
 seed from its checkpoint (--resume) and its record lists the steps it was resumed at. A resumed run starts a new
 episode there, so it is not step for step the run that was not interrupted.
+With --keep-model a finished run's last checkpoint, the trained agent, is kept beside its record (same name, .pt; the
+record's "model"), to evaluate and watch: the script with the record's flags and seed, `--save-model --resume` that
+file (a finished run trains no further) and --eval-episodes N, --capture-video.
 
 record: one run in this process (what `run` starts per seed). The script's `__main__` runs unchanged; the envs it
 makes with gymnasium.make (alone or in a SyncVectorEnv) or envpool.make (Atari) are wrapped so that each finished
@@ -283,18 +286,20 @@ def partial_paths(out):
     return out.with_name(f".{out.stem}.pt"), out.with_name(f".{out.stem}.episodes.json")
 
 
-def record_run(script, seed, flags, out, checkpoint_every=0):
+def record_run(script, seed, flags, out, checkpoint_every=0, keep_model=False):
     """Runs a script's __main__ in this process with its envs logged; writes the run's record to `out`.
     checkpoint_every: the script saves a checkpoint that often, with the episodes so far beside it, and an unfinished
-    run of this record is resumed from there."""
+    run of this record is resumed from there. keep_model: the run's last checkpoint, the trained agent, is kept
+    beside the record (`out` with .pt), not removed."""
     import torch  # the scripts' own: with the script loaded, it costs nothing more
 
     model, partial = partial_paths(out)
     before = {"episodes": [], "wall_seconds": 0.0, "resumed_at": []}  # what earlier sittings of this run did
     checkpoint_flags = []
-    if checkpoint_every:
-        checkpoint_flags = ["--save-model", "--eval-episodes", "0", "--checkpoint-every", str(checkpoint_every),
-                            "--model-path", str(model)]  # fmt: skip
+    if checkpoint_every or keep_model:
+        checkpoint_flags = ["--save-model", "--eval-episodes", "0", "--model-path", str(model)]
+        if checkpoint_every:
+            checkpoint_flags += ["--checkpoint-every", str(checkpoint_every)]
         if model.exists() and partial.exists():
             step = torch.load(model, map_location="cpu", weights_only=True)["global_step"]
             saved = json.loads(partial.read_text())
@@ -361,7 +366,10 @@ def record_run(script, seed, flags, out, checkpoint_every=0):
         "wall_seconds": wall_seconds,
         "resumed_at": before["resumed_at"],
         "episodes": before["episodes"] + log.episodes,
+        "model": out.with_suffix(".pt").name if keep_model else None,
     }
+    if keep_model:
+        model.replace(out.with_suffix(".pt"))  # before the record, which names it
     temporary = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     temporary.write_text(json.dumps(record) + "\n")
     temporary.replace(out)  # atomic: a record exists whole or not at all
@@ -372,10 +380,10 @@ def record_run(script, seed, flags, out, checkpoint_every=0):
 # --- run: a batch of seeds, resumable -----------------------------------------------------------------------------
 
 
-def run_child(script, seed, flags, out, checkpoint_every):
+def run_child(script, seed, flags, out, checkpoint_every, keep_model):
     """Exit status of one run in a child process (`record`)."""
     command = [sys.executable, __file__, "record", "--script", str(script), "--seed", str(seed), "--out", str(out),
-               "--checkpoint-every", str(checkpoint_every)]  # fmt: skip
+               "--checkpoint-every", str(checkpoint_every), *(["--keep-model"] if keep_model else [])]  # fmt: skip
     child = subprocess.Popen([*command, "--", *flags])
     try:
         return child.wait()
@@ -386,7 +394,7 @@ def run_child(script, seed, flags, out, checkpoint_every):
              "goes on", 130)  # fmt: skip
 
 
-def run_batch(script, seeds, flags, out, checkpoint_every):
+def run_batch(script, seeds, flags, out, checkpoint_every, keep_model=False):
     if any(flag == "--seed" or flag.startswith("--seed=") for flag in flags):
         fail("the seeds come from --seeds: leave --seed out of the script's flags")
     if min(seeds) < 0 or len(set(seeds)) < len(seeds):
@@ -415,7 +423,7 @@ def run_batch(script, seeds, flags, out, checkpoint_every):
             say(f"seed {seed}: done before, skipped ({path})")
             continue
         say(f"seed {seed}: python {shown_path(script)} {shlex.join([*flags, '--seed', str(seed)])}")
-        status = run_child(script, seed, flags, path, checkpoint_every)
+        status = run_child(script, seed, flags, path, checkpoint_every, keep_model)
         if status == 2:
             sys.exit(2)  # the script refused its flags and said why: every seed would
         if status != 0 or not path.exists():
@@ -631,11 +639,13 @@ def main():
     run.add_argument("--seeds", type=int, nargs="+", required=True)
     run.add_argument("--out", type=Path, required=True, help="the folder of the records")
     run.add_argument("--checkpoint-every", type=int, default=0, help="env steps between checkpoints (0: none)")
+    run.add_argument("--keep-model", action="store_true", help="keep each run's trained agent beside its record (.pt)")
     one = commands.add_parser("record", help="one run in this process (what run starts per seed)")
     one.add_argument("--script", required=True)
     one.add_argument("--seed", type=int, required=True)
     one.add_argument("--out", type=Path, required=True, help="the record's file")
     one.add_argument("--checkpoint-every", type=int, default=0)
+    one.add_argument("--keep-model", action="store_true")
     draw = commands.add_parser("plot", help="curves and table from the records of one or more folders")
     draw.add_argument("folders", type=Path, nargs="+")
     draw.add_argument("--out", type=Path, help="the PNG, the table beside it (default: FIRST_FOLDER/curves.png)")
@@ -643,9 +653,9 @@ def main():
     args = parser.parse_args(argv)
 
     if args.command == "run":
-        run_batch(script_file(args.script), args.seeds, flags, args.out, args.checkpoint_every)
+        run_batch(script_file(args.script), args.seeds, flags, args.out, args.checkpoint_every, args.keep_model)
     elif args.command == "record":
-        record_run(script_file(args.script), args.seed, flags, args.out, args.checkpoint_every)
+        record_run(script_file(args.script), args.seed, flags, args.out, args.checkpoint_every, args.keep_model)
     else:
         if flags:
             fail("plot takes no script flags")

@@ -103,6 +103,20 @@ def test_an_interrupted_seed_goes_on_from_its_checkpoint(tmp_path):
     assert not model.exists() and not partial.exists(), "the checkpoint and episodes of a recorded seed are removed"
 
 
+def test_keep_model_keeps_the_trained_agent_beside_the_record_for_evaluation(tmp_path):
+    """--keep-model (no checkpoints on the way): the run's final checkpoint is the record's .pt, named by the record,
+    with no hidden file left; the script evaluates it as a finished run, training nothing more."""
+    result = run_tool("run", "--script", SAC, "--seeds", 1, "--out", tmp_path, "--keep-model", "--", *SAC_FLAGS)
+    assert result.returncode == 0, describe(result)
+    name = learning_curves.record_name(SAC, list(SAC_FLAGS), 1)
+    model = (tmp_path / name).with_suffix(".pt")
+    assert records(tmp_path)[name]["model"] == model.name
+    assert torch.load(model, weights_only=True)["global_step"] == 400
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted([name, model.name]), "a hidden file was left"
+    run = run_in_process(SAC, *SAC_FLAGS, "--seed", 1, "--save-model", "--resume", model, "--eval-episodes", 1)
+    assert run["episode_returns"] == [] and run["eval_return"] is not None
+
+
 def test_vector_env_episodes_are_stamped_with_the_steps_of_every_env(tmp_path):
     """Continuous PPO, 2 Pendulum envs reset in the step that ends an episode: both episodes end at vector step 200,
     env step 400 (a count per env would say 399 for the first)."""
