@@ -294,6 +294,7 @@ def record_run(script, seed, flags, out, checkpoint_every=0, keep_model=False):
     import torch  # the scripts' own: with the script loaded, it costs nothing more
 
     model, partial = partial_paths(out)
+    kept_model = out.with_suffix(".pt")  # with keep_model, where the finished run's checkpoint goes
     before = {"episodes": [], "wall_seconds": 0.0, "resumed_at": []}  # what earlier sittings of this run did
     checkpoint_flags = []
     if checkpoint_every or keep_model:
@@ -366,10 +367,10 @@ def record_run(script, seed, flags, out, checkpoint_every=0, keep_model=False):
         "wall_seconds": wall_seconds,
         "resumed_at": before["resumed_at"],
         "episodes": before["episodes"] + log.episodes,
-        "model": out.with_suffix(".pt").name if keep_model else None,
+        "model": kept_model.name if keep_model else None,
     }
     if keep_model:
-        model.replace(out.with_suffix(".pt"))  # before the record, which names it
+        model.replace(kept_model)  # before the record, which names it
     temporary = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     temporary.write_text(json.dumps(record) + "\n")
     temporary.replace(out)  # atomic: a record exists whole or not at all
