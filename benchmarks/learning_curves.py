@@ -92,7 +92,7 @@ class Reference:
 
 def cleanrl(script, step, value, spread, env_id):
     """A figure of CleanRL's benchmark: 3 seeds, each the mean of its last 100 training episodes."""
-    source, details = f"CleanRL {script}", "CleanRL's benchmark, mean of the last 100 training episodes"
+    source, details = f"CleanRL {script}", f"CleanRL's benchmark of {script}, mean of the last 100 training episodes"
     return Reference(step, value, spread, 3, TRAINING, env_id, source, details, last_episodes=100)
 
 
