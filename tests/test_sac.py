@@ -76,8 +76,8 @@ LEARNING_THRESHOLD = -300.0  # random policy: about -1200 on Pendulum-v1; a solv
     ids=["plain", "twin-compile-resumed-half-way"],
 )
 def test_learns_pendulum(name, flags, resumed, tmp_path):
-    """The plain script learns in one run; the twin is saved at half the budget and resumed in a new run, so one run
-    of the budget shows that it learns and that a resume keeps what it had learnt."""
+    """The plain script learns in one run; the twin is saved at half the budget and resumed in a new run: it learns
+    across a resume (what a checkpoint holds is checked entry by entry in test_resume_continues_the_run)."""
     common = ("--env-id", "Pendulum-v1", "--seed", LEARNING_SEED, "--learning-starts", LEARNING_STARTS, *flags)
     if resumed:
         common += ("--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
