@@ -745,6 +745,16 @@ def optimizer_steps(checkpoint):
     }
 
 
+def learning_run_returns(name, flags, total_timesteps, resumed, tmp_path):
+    """The training episodes' returns of a run of `total_timesteps`. resumed: the run is saved at half the budget and
+    resumed in a new run, and the returns are the resumed run's (the second half's)."""
+    if resumed:
+        flags = (*flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
+        run_in_process(name, *flags, "--total-timesteps", total_timesteps // 2)
+        flags = (*flags, "--resume", tmp_path / "agent.pt")
+    return run_in_process(name, *flags, "--total-timesteps", total_timesteps)["episode_returns"]
+
+
 def check_resume_continues_the_run(name, flags, tmp_path, saved_checkpoints, steps, same_as_shorter_run):
     """A run of 2 x `steps` with --checkpoint-every `steps`; a run resumed from its mid-run checkpoint ends with the
     uninterrupted run's step counter and optimizer step counts, and keeps the replay rows written before the resume

@@ -31,6 +31,7 @@ from conftest import (
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
     check_video_of_the_evaluation,
+    learning_run_returns,
     leaves,
     load_script,
     named_tensors,
@@ -79,11 +80,7 @@ def test_learns_pendulum(name, flags, resumed, tmp_path):
     """The plain script learns in one run; the twin is saved at half the budget and resumed in a new run: it learns
     across a resume (what a checkpoint holds is checked entry by entry in test_resume_continues_the_run)."""
     common = ("--env-id", "Pendulum-v1", "--seed", LEARNING_SEED, "--learning-starts", LEARNING_STARTS, *flags)
-    if resumed:
-        common += ("--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
-        run_in_process(name, *common, "--total-timesteps", LEARNING_STEPS // 2)
-        common += ("--resume", tmp_path / "agent.pt")
-    returns = run_in_process(name, *common, "--total-timesteps", LEARNING_STEPS)["episode_returns"]
+    returns = learning_run_returns(name, common, LEARNING_STEPS, resumed, tmp_path)
     played = LEARNING_STEPS // 2 if resumed else LEARNING_STEPS
     assert len(returns) == played // 200, f"Pendulum-v1 episodes last 200 steps; got {len(returns)} episodes"
     last10 = returns[-10:]
