@@ -19,17 +19,27 @@ episode there, so it is not step for step the run that was not interrupted.
 With --keep-model a finished run's last checkpoint, the trained agent, is kept beside its record (same name, .pt; the
 record's "model"), to evaluate and watch: the script with the record's flags and seed, `--save-model --resume` that
 file (a finished run trains no further) and --eval-episodes N, --capture-video.
+With --processes N (a distributed script of leanrl/) each run is a world of N processes on this machine, started by
+torchrun (its record's name ends in _worldN_seed<S>.json); such a run is neither checkpointed nor kept.
 
-record: one run in this process (what `run` starts per seed). The script's `__main__` runs unchanged; the envs it
-makes with gymnasium.make (alone or in a SyncVectorEnv) or envpool.make (Atari) are wrapped so that each finished
-episode is logged with its return and the env steps done by then, counting every env of a vector env (the x axis of
-the curves). The logged returns must be the script's own `episode_returns`, or no record is written: the curve is
-the script's report, step-stamped. A record holds the command, machine, torch version, budget, episodes, wall time.
+    OMP_NUM_THREADS=1 python benchmarks/learning_curves.py run --script ppo_atari_envpool_distributed_torchcompile \\
+        --processes 2 --seeds 1 --out docs/breakout_distributed/world2 -- --compile --total-timesteps 500000
 
-plot: the records of one or more folders, one panel per algorithm and env, one curve per script and flags: the mean
-over seeds of the mean return of the last --window training episodes, with a band of one standard deviation over
-seeds; the published figures for that algorithm and env are points with their spread. Writes the PNG and, beside
-it, a markdown table (same name, .md): ours against each published figure at its step, and the commands.
+record: one run in this process (what `run` starts per seed; under torchrun, one per rank). The script's `__main__`
+runs unchanged; the envs it makes with gymnasium.make (alone or in a SyncVectorEnv) or envpool.make (Atari) are
+wrapped so that each finished episode is logged with its return and the env steps done by then, counting every env
+of a vector env (the x axis of the curves). The logged returns must be the script's own (`run.episode_returns`), or
+no record is written: the curve is the script's report, step-stamped. In a world of N processes each rank logs its
+own envs, a game's step is the global step count (every rank steps in lockstep), and rank 0 puts the games of all
+ranks in the order the script reports them before that check. For an Atari game (envpool), --random-games games of
+a uniformly random policy are played with the script's env settings: the baseline. A record holds the command,
+machine, torch version, budget, episodes, random policy's scores, wall time.
+
+plot: the records of one or more folders, one panel per algorithm and env, one curve per script, flags and world
+size (folders of earlier runs side by side compare them): the mean over seeds of the mean return of the last
+--window training episodes, with a band of one standard deviation over seeds; the published figures for that
+algorithm and env are points with their spread, the random policy's mean score a dashed line. Writes the PNG and,
+beside it, a markdown table (same name, .md): ours against each published figure at its step, and the commands.
 """
 
 import argparse
@@ -65,7 +75,7 @@ ALGOS = {
     "td3_continuous_action": "td3",
     "ppo_continuous_action": "ppo_continuous",
     "ppo_atari_envpool": "ppo_atari",
-    "ppo_atari_envpool_distributed": "ppo_atari",  # in a world of one (a plain launch)
+    "ppo_atari_envpool_distributed": "ppo_atari",  # in any world size
 }
 RECORD_FIELDS = {"script", "script_path", "algo", "env_id", "seed", "flags", "total_timesteps", "steps", "episodes"}
 
@@ -164,21 +174,30 @@ def shown_path(path):
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def record_name(script, flags, seed):
-    """The file of one run's record: its script, flags and seed, readable; a hash stands in for very long flags."""
+def launcher(world_size):
+    """How a run is started: python, or torchrun for a world of several processes on this machine."""
+    return ["python"] if world_size == 1 else ["torchrun", "--standalone", "--nproc-per-node", str(world_size)]
+
+
+def record_name(script, flags, seed, world_size=1):
+    """The file of one run's record: its script, flags, world size and seed, readable; a hash stands in for very long
+    flags."""
     slug = re.sub(r"[^\w.=+-]+", "_", " ".join(flags))
     if len(slug) > 100:
         slug = f"{slug[:80]}_{hashlib.sha1(' '.join(flags).encode()).hexdigest()[:10]}"
-    return f"{script}{'_' + slug if slug else ''}_seed{seed}.json"
+    return f"{script}{'_' + slug if slug else ''}{f'_world{world_size}' if world_size > 1 else ''}_seed{seed}.json"
 
 
 def read_record(path):
-    """A record's contents, or None for a file that is not one."""
+    """A record's contents, or None for a file that is not one. Records written before there were worlds of several
+    processes and random policies are of a world of one, without one."""
     try:
         record = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    return record if isinstance(record, dict) and RECORD_FIELDS <= record.keys() else None
+    if not (isinstance(record, dict) and RECORD_FIELDS <= record.keys()):
+        return None
+    return {"world_size": 1, "random_policy_returns": None, **record}
 
 
 # --- record: one run, its episodes logged -------------------------------------------------------------------------
@@ -194,13 +213,14 @@ class EpisodeLog:
 
 class Recording:
     """Every env a run makes, logged apart: the training env is the one whose returns are the script's
-    `episode_returns` (an evaluation env, made beside it, keeps its own log and its own step count).
+    `run.episode_returns` (an evaluation env, made beside it, keeps its own log and its own step count).
     start_step: the steps done before this process (a resumed run), where the step counts start."""
 
     def __init__(self, start_step=0):
         self.logs = []
         self.vector_log = None  # while a vector env steps, the log its envs' episodes go to
         self.start_step = start_step
+        self.remake = None  # an Atari script's last envpool.make(**changes), unwrapped: the random policy's envs
 
     def new_log(self):
         self.logs.append(EpisodeLog())
@@ -277,8 +297,23 @@ def start_recording(script_source, start_step=0):
         import envpool
 
         real_envpool_make = envpool.make
-        envpool.make = lambda *args, **kwargs: GameRecorder(real_envpool_make(*args, **kwargs), recording)
+
+        def envpool_make(*args, **kwargs):
+            recording.remake = lambda **changes: real_envpool_make(*args, **{**kwargs, **changes})
+            return GameRecorder(real_envpool_make(*args, **kwargs), recording)
+
+        envpool.make = envpool_make
     return recording
+
+
+def random_policy_returns(remake, games, seed):
+    """Scores of `games` whole games of uniformly random actions, in 8 envs made with the script's settings."""
+    envs = GameRecorder(remake(num_envs=8, seed=seed), Recording())
+    envs.reset()
+    rng = np.random.default_rng(seed)
+    while len(envs.log.episodes) < games:
+        envs.step(rng.integers(envs.action_space.n, size=8))
+    return [score for _, score in envs.log.episodes[:games]]
 
 
 def partial_paths(out):
@@ -286,21 +321,45 @@ def partial_paths(out):
     return out.with_name(f".{out.stem}.pt"), out.with_name(f".{out.stem}.episodes.json")
 
 
-def record_run(script, seed, flags, out, checkpoint_every=0, keep_model=False):
-    """Runs a script's __main__ in this process with its envs logged; writes the run's record to `out`.
-    checkpoint_every: the script saves a checkpoint that often, with the episodes so far beside it, and an unfinished
-    run of this record is resumed from there. keep_model: the run's last checkpoint, the trained agent, is kept
-    beside the record (`out` with .pt), not removed."""
+def rank_file(out, rank):
+    """Where a rank other than 0 of a world of several processes leaves its episodes for rank 0, beside the record."""
+    return out.with_name(f".{out.stem}.rank{rank}.json")
+
+
+def write_atomically(path, text):
+    """Written under a temporary name, then renamed: the file exists whole or not at all."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
+def in_reported_order(episodes_by_rank, world_size, rollout_steps):
+    """The episodes of every rank of a distributed run in the order the script reports them (an iteration's rank by
+    rank, each rank's in the order they ended), stamped with the global step count: a rank's steps times the world
+    size (the ranks step together, each with num_envs / world size envs)."""
+    episodes = [(rank, steps * world_size, ret) for rank, ranks in enumerate(episodes_by_rank) for steps, ret in ranks]
+    episodes.sort(key=lambda episode: ((episode[1] - 1) // rollout_steps, episode[0]))  # stable: a rank's order stays
+    return [[steps, ret] for _, steps, ret in episodes]
+
+
+def record_run(script, flags, options):
+    """Runs a script's __main__ in this process with its envs logged; writes the run's record to options.out.
+    options.checkpoint_every: the script saves a checkpoint that often, with the episodes so far beside it, and an
+    unfinished run of this record is resumed from there. options.keep_model: the run's last checkpoint, the trained
+    agent, is kept beside the record (`out` with .pt), not removed. Under torchrun every rank runs this: the ranks
+    other than 0 leave their episodes to rank 0, which writes the record."""
     import torch  # the scripts' own: with the script loaded, it costs nothing more
 
+    out, seed = options.out, options.seed
+    rank, world_size = (int(os.environ.get(name, default)) for name, default in (("RANK", 0), ("WORLD_SIZE", 1)))
     model, partial = partial_paths(out)
     kept_model = out.with_suffix(".pt")  # with keep_model, where the finished run's checkpoint goes
     before = {"episodes": [], "wall_seconds": 0.0, "resumed_at": []}  # what earlier sittings of this run did
     checkpoint_flags = []
-    if checkpoint_every or keep_model:
+    if options.checkpoint_every or options.keep_model:
         checkpoint_flags = ["--save-model", "--eval-episodes", "0", "--model-path", str(model)]
-        if checkpoint_every:
-            checkpoint_flags += ["--checkpoint-every", str(checkpoint_every)]
+        if options.checkpoint_every:
+            checkpoint_flags += ["--checkpoint-every", str(options.checkpoint_every)]
         if model.exists() and partial.exists():
             step = torch.load(model, map_location="cpu", weights_only=True)["global_step"]
             saved = json.loads(partial.read_text())
@@ -314,6 +373,7 @@ def record_run(script, seed, flags, out, checkpoint_every=0, keep_model=False):
             checkpoint_flags += ["--resume", str(model)]
             say(f"seed {seed}: resumed at step {step} from {model}")
     start_step = before["resumed_at"][-1] if before["resumed_at"] else 0
+    sys.path.insert(0, str(script.parent))  # scripts import run_utils from their folder
     recording = start_recording(script.read_text(), start_step)  # this process ends with the run: nothing to undo
     sys.argv = [str(script), *flags, "--seed", str(seed), *checkpoint_flags]
     start = time.perf_counter()
@@ -330,23 +390,48 @@ def record_run(script, seed, flags, out, checkpoint_every=0, keep_model=False):
 
     torch.save = save_with_episodes
     try:
-        run = runpy.run_path(str(script), run_name="__main__")
+        script_globals = runpy.run_path(str(script), run_name="__main__")
     except KeyboardInterrupt:  # a script that does not handle Ctrl-C itself: no traceback, no record
         sys.exit(130)
+    except SystemExit as exit_:  # a distributed script's ranks other than 0 leave through sys.exit(0) at its end
+        if exit_.code or rank == 0:
+            raise
     wall_seconds = before["wall_seconds"] + time.perf_counter() - start
+    if rank != 0:  # its episodes go to rank 0, which has the script's returns
+        log = max(recording.logs, key=lambda log: log.steps)  # the training env's (rank 0 alone evaluates)
+        write_atomically(rank_file(out, rank), json.dumps(log.episodes))
+        return
 
-    reported = run.get("episode_returns")
-    matching = [log for log in recording.logs if [ret for _, ret in log.episodes] == reported]
+    run, args = script_globals["run"], script_globals["args"]
+    logs = [(log.steps, log.episodes) for log in recording.logs]
+    if world_size > 1:
+        others = []
+        for other in range(1, world_size):
+            path = rank_file(out, other)
+            while not path.exists():  # torchrun stops this rank if that one fails
+                time.sleep(0.5)
+            others.append(json.loads(path.read_text()))
+            path.unlink()
+        if not run.distributed:
+            fail(f"{script.name} is not a distributed script: it runs in a world of one (leave out --processes)")
+        rollout_steps = args.num_envs * args.num_steps
+        logs = [(steps * world_size, in_reported_order([episodes, *others], world_size, rollout_steps))
+                for steps, episodes in logs]  # fmt: skip
+    matching = [(steps, episodes) for steps, episodes in logs if [ret for _, ret in episodes] == run.episode_returns]
     if not matching:
         fail(
-            f"no env's episodes are the {len(reported or [])} returns of the script's episode_returns (does it make "
-            "its envs with gymnasium.make, alone or in a SyncVectorEnv, or envpool.make?): no record written",
+            f"no env's episodes are the {len(run.episode_returns)} returns of the script's run.episode_returns (does "
+            "it make its envs with gymnasium.make, alone or in a SyncVectorEnv, or envpool.make?): no record written",
             status=1,
         )
-    log = max(matching, key=lambda log: log.steps)  # equal only when none finished an episode: the one that stepped
-    budget = run["args"].total_timesteps
-    if log.steps < budget:
-        fail(f"the run stopped at env step {log.steps} of {budget}: no record written", status=1)
+    # Equal only when none finished an episode: the one that stepped most.
+    steps, episodes = max(matching, key=lambda log: log[0])
+    budget = args.total_timesteps
+    if steps < budget:
+        fail(f"the run stopped at env step {steps} of {budget}: no record written", status=1)
+    random_returns = None
+    if recording.remake and options.random_games:
+        random_returns = random_policy_returns(recording.remake, options.random_games, seed)
 
     threads = os.environ.get("OMP_NUM_THREADS")
     pair = script.stem.removesuffix("_torchcompile")
@@ -354,26 +439,26 @@ def record_run(script, seed, flags, out, checkpoint_every=0, keep_model=False):
         "script": script.name,
         "script_path": shown_path(script),
         "algo": ALGOS.get(pair, pair),
-        "env_id": run["args"].env_id,
+        "env_id": args.env_id,
         "seed": seed,
         "flags": flags,
+        "world_size": world_size,
         "command": (f"OMP_NUM_THREADS={threads} " if threads else "")
-        + shlex.join(["python", shown_path(script), *flags, "--seed", str(seed)]),
+        + shlex.join([*launcher(world_size), shown_path(script), *flags, "--seed", str(seed)]),
         "omp_num_threads": threads,
         "machine": describe_machine(),
-        "device": str(run.get("device")),
+        "device": str(run.device),
         "total_timesteps": budget,
-        "steps": log.steps,
+        "steps": steps,
         "wall_seconds": wall_seconds,
         "resumed_at": before["resumed_at"],
-        "episodes": before["episodes"] + log.episodes,
-        "model": kept_model.name if keep_model else None,
+        "episodes": before["episodes"] + episodes,
+        "random_policy_returns": random_returns,
+        "model": kept_model.name if options.keep_model else None,
     }
-    if keep_model:
+    if options.keep_model:
         model.replace(kept_model)  # before the record, which names it
-    temporary = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(record) + "\n")
-    temporary.replace(out)  # atomic: a record exists whole or not at all
+    write_atomically(out, json.dumps(record) + "\n")
     for path in (model, partial):
         path.unlink(missing_ok=True)
 
@@ -381,10 +466,13 @@ def record_run(script, seed, flags, out, checkpoint_every=0, keep_model=False):
 # --- run: a batch of seeds, resumable -----------------------------------------------------------------------------
 
 
-def run_child(script, seed, flags, out, checkpoint_every, keep_model):
-    """Exit status of one run in a child process (`record`)."""
+def run_child(script, seed, flags, out, options):
+    """Exit status of one run in a child process (`record`), or in a world of processes started by torchrun."""
     command = [sys.executable, __file__, "record", "--script", str(script), "--seed", str(seed), "--out", str(out),
-               "--checkpoint-every", str(checkpoint_every), *(["--keep-model"] if keep_model else [])]  # fmt: skip
+               "--checkpoint-every", str(options.checkpoint_every), "--random-games", str(options.random_games),
+               *(["--keep-model"] if options.keep_model else [])]  # fmt: skip
+    if options.processes > 1:  # torchrun: a world of that many processes on this machine, each running `record`
+        command[1:1] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(options.processes)]
     child = subprocess.Popen([*command, "--", *flags])
     try:
         return child.wait()
@@ -395,13 +483,20 @@ def run_child(script, seed, flags, out, checkpoint_every, keep_model):
              "goes on", 130)  # fmt: skip
 
 
-def run_batch(script, seeds, flags, out, checkpoint_every, keep_model=False):
+def run_batch(script, flags, options):
+    seeds, out = options.seeds, options.out
     if any(flag == "--seed" or flag.startswith("--seed=") for flag in flags):
         fail("the seeds come from --seeds: leave --seed out of the script's flags")
     if min(seeds) < 0 or len(set(seeds)) < len(seeds):
         fail(f"--seeds must be distinct non-negative integers, got {' '.join(map(str, seeds))}")
-    if checkpoint_every < 0:
-        fail(f"--checkpoint-every must not be negative, got {checkpoint_every}")
+    if options.checkpoint_every < 0:
+        fail(f"--checkpoint-every must not be negative, got {options.checkpoint_every}")
+    if options.random_games < 0:
+        fail(f"--random-games must not be negative, got {options.random_games}")
+    if options.processes < 1:
+        fail(f"--processes must be positive, got {options.processes}")
+    if options.processes > 1 and (options.checkpoint_every or options.keep_model):
+        fail("--checkpoint-every and --keep-model are for a world of one: a world of processes is recorded at its end")
     if out.exists() and not out.is_dir():
         fail(f"--out {out} is a file, not a folder")
     out.mkdir(parents=True, exist_ok=True)
@@ -416,15 +511,17 @@ def run_batch(script, seeds, flags, out, checkpoint_every, keep_model=False):
 
     failed = []
     for seed in seeds:
-        path = out / record_name(script.stem, flags, seed)
+        path = out / record_name(script.stem, flags, seed, options.processes)
         if path.exists():
             record = read_record(path)
-            if record is None or (record["script"], record["flags"], record["seed"]) != (script.name, flags, seed):
+            this_run = (script.name, flags, seed, options.processes)
+            if record is None or (record["script"], record["flags"], record["seed"], record["world_size"]) != this_run:
                 fail(f"{path} is not the record of this run (seed {seed}): move it away to run the seed again")
             say(f"seed {seed}: done before, skipped ({path})")
             continue
-        say(f"seed {seed}: python {shown_path(script)} {shlex.join([*flags, '--seed', str(seed)])}")
-        status = run_child(script, seed, flags, path, checkpoint_every, keep_model)
+        command = [*launcher(options.processes), shown_path(script), *flags, "--seed", str(seed)]
+        say(f"seed {seed}: {shlex.join(command)}")
+        status = run_child(script, seed, flags, path, options)
         if status == 2:
             sys.exit(2)  # the script refused its flags and said why: every seed would
         if status != 0 or not path.exists():
@@ -441,7 +538,7 @@ def run_batch(script, seeds, flags, out, checkpoint_every, keep_model=False):
 
 
 def read_folders(folders):
-    """{(algo, env_id): {(script_path, flags): [records by seed]}}, with each record's folder."""
+    """{(algo, env_id): {(script_path, flags, world_size): [records by seed]}}, with each record's folder."""
     panels = {}
     for folder in folders:
         if not folder.is_dir():
@@ -453,10 +550,10 @@ def read_folders(folders):
                 continue
             record["folder"] = folder
             runs = panels.setdefault((record["algo"], record["env_id"]), {})
-            seeds = runs.setdefault((record["script_path"], tuple(record["flags"])), [])
+            seeds = runs.setdefault((record["script_path"], tuple(record["flags"]), record["world_size"]), [])
             twice = [other["folder"] for other in seeds if other["seed"] == record["seed"]]
             if twice:
-                name = run_name(record["script_path"], record["flags"])
+                name = run_name(record["script_path"], record["flags"], record["world_size"])
                 fail(f"seed {record['seed']} of `{name}` is in {twice[0]} and in {folder}: keep one")
             seeds.append(record)
     if not panels:
@@ -482,24 +579,32 @@ def in_leanrl(script_path):
     return Path(script_path).parent == Path("leanrl")
 
 
-def run_name(script_path, flags):
-    """A script of leanrl/ by its file name; any other (a modified copy, say) by its path, so the two differ."""
+def run_name(script_path, flags, world_size):
+    """A script of leanrl/ by its file name; any other (a modified copy, say) by its path, so the two differ; a world
+    of several processes by its torchrun launch."""
     script = Path(script_path).name if in_leanrl(script_path) else str(script_path)
-    return shlex.join([script, *flags])
+    torchrun = launcher(world_size) if world_size > 1 else []
+    return shlex.join([*torchrun, script, *flags])
+
+
+def random_policy(runs):
+    """The random policy's scores recorded beside a panel's runs (Atari games)."""
+    return [score for records in runs.values() for record in records for score in record["random_policy_returns"] or []]
 
 
 def figure(panels, window):
-    """One panel per (algorithm, env): a curve per script and flags, the published figures as points."""
+    """One panel per (algorithm, env): a curve per script, flags and world size, the published figures as points,
+    the random policy's mean score as a dashed line."""
     ncols = min(2, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, 6 * nrows), squeeze=False, layout="constrained")
     for ax, ((algo, env_id), runs) in zip(axes.flat, panels.items(), strict=False):
-        for color, ((script_path, flags), records) in zip(plt.get_cmap("tab10").colors, runs.items(), strict=False):
+        for color, (run, records) in zip(plt.get_cmap("tab10").colors, runs.items(), strict=False):
             grid = np.linspace(0, min(record["steps"] for record in records), 400)
             curves = np.array([recent_means(record["episodes"], grid, window) for record in records])
             mean, spread = curves.mean(axis=0), curves.std(axis=0)
             seeds = ", ".join(str(record["seed"]) for record in records)
-            label = f"{run_name(script_path, flags)} (seed{'s' * (len(records) > 1)} {seeds})"
+            label = f"{run_name(*run)} (seed{'s' * (len(records) > 1)} {seeds})"
             label = textwrap.fill(label, 100)  # a long line of flags would widen the legend and squeeze the axes
             ax.plot(grid, mean, color=color, label=label)
             ax.fill_between(grid, mean - spread, mean + spread, color=color, alpha=0.2, linewidth=0)
@@ -518,6 +623,9 @@ def figure(panels, window):
                 capsize=4,
                 label=f"{source}, {ref_env}: {kind}, {seeds} seeds",
             )
+        scores = random_policy(runs)
+        if scores:
+            ax.axhline(np.mean(scores), color="tab:red", ls="--", label=f"random policy ({len(scores)} games)")
         ax.set_title(f"{algo} on {env_id}")
         ax.set_xlabel("environment steps (all envs)")
         ax.set_ylabel("episode return")
@@ -547,13 +655,15 @@ def ours(records, step, count):
     return f"{np.mean(values):.1f}{spread}", per_seed
 
 
-def run_command(script_path, flags, records):
+def run_command(script_path, flags, world_size, records):
     """The command that makes these records, all in one folder (a rerun skips them and runs any seed missing)."""
     threads = {record["omp_num_threads"] for record in records}
     prefix = f"OMP_NUM_THREADS={threads.pop()} " if len(threads) == 1 and None not in threads else ""
     script = Path(script_path).stem if in_leanrl(script_path) else script_path
+    processes = f" --processes {world_size}" if world_size > 1 else ""
     seeds = " ".join(str(record["seed"]) for record in records)
-    command = f"{prefix}python {TOOL} run --script {script} --seeds {seeds} --out {shown_path(records[0]['folder'])}"
+    command = f"{prefix}python {TOOL} run --script {script}{processes} --seeds {seeds}"
+    command += f" --out {shown_path(records[0]['folder'])}"
     return command + (f" -- {shlex.join(flags)}" if flags else "")
 
 
@@ -581,8 +691,8 @@ def table(panels, window, image, plot_command):
             row("step", "run", "ours", "per seed", "ours averages", "published", "kind", "source"),
             "|---" * 8 + "|",
         ]
-        for (script_path, flags), records in runs.items():
-            run = f"`{run_name(script_path, flags)}`"
+        for run_key, records in runs.items():
+            run = f"`{run_name(*run_key)}`"
             for reference in published:
                 count = reference.last_episodes or window
                 cells = [f"{reference.step:,}", run, *ours(records, reference.step, count), f"last {count} episodes"]
@@ -595,11 +705,14 @@ def table(panels, window, image, plot_command):
         versions = sorted({reference.env_id for reference in published} - {env_id})
         if versions:
             lines += ["", f"The published figures are on {', '.join(versions)}; ours on {env_id}."]
+        scores = random_policy(runs)
+        if scores:
+            lines += ["", f"A uniformly random policy scores {np.mean(scores):.2f} over {len(scores)} games."]
         lines.append("")
 
     lines += ["## Commands", ""]
     for runs in panels.values():
-        for (script_path, flags), records in runs.items():
+        for run_key, records in runs.items():
             folders = {}
             for record in records:
                 folders.setdefault(record["folder"], []).append(record)
@@ -608,8 +721,7 @@ def table(panels, window, image, plot_command):
                 machines = "; ".join(sorted({machine_text(record["machine"]) for record in in_folder}))
                 torch_versions = ", ".join(sorted({record["machine"]["torch"] for record in in_folder}))
                 lines.append(
-                    f"- `{run_command(script_path, flags, in_folder)}`: runs of {hours} h on {machines}, "
-                    f"torch {torch_versions}"
+                    f"- `{run_command(*run_key, in_folder)}`: runs of {hours} h on {machines}, torch {torch_versions}"
                 )
     lines += [f"- `{plot_command}`: this table and the plot", ""]
     return "\n".join(lines)
@@ -641,12 +753,15 @@ def main():
     run.add_argument("--out", type=Path, required=True, help="the folder of the records")
     run.add_argument("--checkpoint-every", type=int, default=0, help="env steps between checkpoints (0: none)")
     run.add_argument("--keep-model", action="store_true", help="keep each run's trained agent beside its record (.pt)")
+    run.add_argument("--processes", type=int, default=1, help="a distributed script's world size (torchrun)")
+    run.add_argument("--random-games", type=int, default=100, help="an Atari game's random-policy games (0: none)")
     one = commands.add_parser("record", help="one run in this process (what run starts per seed)")
     one.add_argument("--script", required=True)
     one.add_argument("--seed", type=int, required=True)
     one.add_argument("--out", type=Path, required=True, help="the record's file")
     one.add_argument("--checkpoint-every", type=int, default=0)
     one.add_argument("--keep-model", action="store_true")
+    one.add_argument("--random-games", type=int, default=100)
     draw = commands.add_parser("plot", help="curves and table from the records of one or more folders")
     draw.add_argument("folders", type=Path, nargs="+")
     draw.add_argument("--out", type=Path, help="the PNG, the table beside it (default: FIRST_FOLDER/curves.png)")
@@ -654,9 +769,9 @@ def main():
     args = parser.parse_args(argv)
 
     if args.command == "run":
-        run_batch(script_file(args.script), args.seeds, flags, args.out, args.checkpoint_every, args.keep_model)
+        run_batch(script_file(args.script), flags, args)
     elif args.command == "record":
-        record_run(script_file(args.script), args.seed, flags, args.out, args.checkpoint_every, args.keep_model)
+        record_run(script_file(args.script), flags, args)
     else:
         if flags:
             fail("plot takes no script flags")

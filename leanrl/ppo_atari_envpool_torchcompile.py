@@ -1,22 +1,14 @@
 # Proximal Policy Optimization on Atari (envpool), written for speed: the same agent and flags as
 # ppo_atari_envpool.py, plus --compile and --cudagraphs. `diff` the two files to see the speed tricks.
-import importlib.util
-import json
 import os
-import random
-import signal
-import sys
-import time
-from collections import deque
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import envpool
-import imageio
 import numpy as np
+import run_utils
 import torch
 import torch.nn as nn
-import tqdm
 import tyro
 from envpool.registration import registry
 from tensordict import TensorDict, from_module
@@ -25,37 +17,17 @@ from torch.distributions.categorical import Categorical
 
 
 @dataclass
-class Args:
+class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cuda, checkpoints, evaluation, ...)
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled, cuda will be used when available"""
-    track: bool = False
-    """if toggled, this experiment will be tracked with Weights and Biases"""
-    wandb_project_name: str = "leanrl"
-    """the wandb's project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of wandb's project"""
     env_id: str = "Breakout-v5"
     """the id of the environment (an envpool Atari game)"""
     total_timesteps: int = 10000000
     """total timesteps of the experiment"""
     measure_burnin: int = 3
     """training iterations (rollout + update) left out of the sps measure (compile, warm-up)"""
-    results_path: str | None = None
-    """if set, append one JSON line with this run's results to this file"""
-    save_model: bool = False
-    """if toggled, save a checkpoint at the end of training (and at an interruption), then evaluate it"""
-    model_path: str | None = None
-    """the checkpoint's path (default: the --resume file, else runs/<env_id>__<exp_name>__<seed>__<time>/<exp_name>.pt)"""
     checkpoint_every: int = 0
     """with --save-model, also save the checkpoint every this many env steps (0: only at the end): after the iteration in which the step count reaches each multiple"""
-    resume: str | None = None
-    """continue the run saved in this checkpoint; --total-timesteps counts the steps of the whole run"""
     eval_episodes: int = 10
     """games of the saved agent's policy (actions sampled from it, as in CleanRL's evaluation) on a fresh env after training"""
     capture_video: bool = False
@@ -100,44 +72,27 @@ class Args:
 HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma", "gae_lambda", "num_minibatches",
                    "update_epochs", "norm_adv", "clip_coef", "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm",
                    "target_kl")  # fmt: skip
-EVAL_SEED_OFFSET = 10_000  # the evaluation env's seed is the run's plus this: games the agent never trained on
 VIDEO_FPS = 15  # the ALE's 60 frames a second, of which envpool keeps one in 4 (frame_skip=4)
 
 
-def exit_with_error(message):
-    """A user's mistake: one line on stderr, exit status 2, no traceback."""
-    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
 def check_args(args):
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
-        if getattr(args, name) <= 0:
-            exit_with_error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    run_utils.check_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
     if args.measure_burnin < 0:
-        exit_with_error("--measure-burnin must not be negative")
-    if not 0 <= args.seed < 2**31:  # what both numpy and envpool accept
-        exit_with_error(f"--seed must be in [0, 2**31), got {args.seed}")
+        run_utils.exit_with_error("--measure-burnin must not be negative")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
-        exit_with_error(
+        run_utils.exit_with_error(
             f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
             f"(num_envs * num_steps = {batch_size})"
         )
-    if args.checkpoint_every < 0 or args.eval_episodes < 0:
-        exit_with_error("--checkpoint-every and --eval-episodes must not be negative")
-    if (args.checkpoint_every or args.capture_video) and not args.save_model:
-        exit_with_error("--checkpoint-every and --capture-video need --save-model")
-    if args.capture_video and not args.eval_episodes:
-        exit_with_error("--capture-video records the evaluation episodes: --eval-episodes must be positive")
 
 
 def make_envs(env_id, num_envs, seed):
     if env_id not in envpool.list_all_envs():
-        exit_with_error(f"cannot make env {env_id!r}: envpool has no env with this id")
+        run_utils.exit_with_error(f"cannot make env {env_id!r}: envpool has no env with this id")
     # envpool's registry names the module that implements each id: only its Atari games give 84x84 frames.
     if registry.specs[env_id][0] != "envpool.atari":
-        exit_with_error(f"PPO Atari needs an Atari game (e.g. Breakout-v5), {env_id} is not one")
+        run_utils.exit_with_error(f"PPO Atari needs an Atari game (e.g. Breakout-v5), {env_id} is not one")
     try:
         # Frames: grey 84x84, 4 stacked, 4 frames skipped per step, up to 30 no-ops at reset. Episodic life
         # (a lost life ends an episode) and rewards clipped to their sign are for learning only: the returns
@@ -151,7 +106,7 @@ def make_envs(env_id, num_envs, seed):
             seed=seed % 2**31,  # envpool takes an int32: a seed plus an offset wraps around
         )
     except Exception as error:
-        exit_with_error(f"cannot make env {env_id!r}: {error}")
+        run_utils.exit_with_error(f"cannot make env {env_id!r}: {error}")
     return envs
 
 
@@ -314,18 +269,16 @@ def build_ppo(num_actions, args, device):
     # Checkpoints hold the plain script's optimizer: lr a Python float, and the plain Adam's settings (fused and
     # capturable are the twin's own, applied again on load).
     def state_dict():
-        """The agent's and the optimizer's state_dicts, as the plain script saves them."""
-        state = optimizer.state_dict()
-        groups = [{**group, "lr": scheduled_lr, "fused": None, "capturable": False} for group in state["param_groups"]]
-        return {"agent": agent.state_dict(), "optimizer": {**state, "param_groups": groups}}
+        """The agent's and the optimizer's state_dicts: a checkpoint's agent."""
+        optimizer_state = run_utils.optimizer_state(optimizer, lr=scheduled_lr, fused=None, capturable=False)
+        return {"agent": agent.state_dict(), "optimizer": optimizer_state}
 
     def load_state_dict(state):
         agent.load_state_dict(state["agent"])  # in place: the acting copy shares the parameters' storage
-        saved, lr = state["optimizer"], optimizer.param_groups[0]["lr"]
-        groups = [{**group, "lr": lr, "fused": True, "capturable": args.cudagraphs} for group in saved["param_groups"]]
-        optimizer.load_state_dict({**saved, "param_groups": groups})
+        lr = optimizer.param_groups[0]["lr"]
+        run_utils.load_optimizer_state(optimizer, state["optimizer"], lr=lr, fused=True, capturable=args.cudagraphs)
         optimizer.param_groups[0]["lr"] = lr  # load_state_dict copies the groups: keep the tensor the step reads
-        set_learning_rate(saved["param_groups"][0]["lr"])
+        set_learning_rate(state["optimizer"]["param_groups"][0]["lr"])
 
     def gae(rewards, values, dones, next_value, next_done):
         return compute_advantages(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
@@ -362,188 +315,79 @@ def build_ppo(num_actions, args, device):
     )
 
 
-def rng_state():
-    """The state of every random generator the run draws from (the envs' are reseeded on resume)."""
-    numpy_state = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1]), *numpy_state[2:]],
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def set_rng_state(state):
-    random.setstate(state["python"])
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy(), *rest))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and len(state["cuda"]) == torch.cuda.device_count():  # a CUDA run resumed on a CPU skips it
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def save_checkpoint(path, ppo, args, global_step, iteration, recent_returns):
-    """A plain torch.save dict: its agent and optimizer are this script's state_dicts, which the twin reads too.
-    Written to a temporary file and renamed, so a crash while writing leaves the last good checkpoint in place."""
-    checkpoint = {
-        "algo": "ppo_atari",
-        "env_id": args.env_id,
-        "seed": args.seed,
-        "hyperparameters": {name: getattr(args, name) for name in HYPERPARAMETERS},
-        "global_step": global_step,
-        "iteration": iteration,  # the iterations done: where the learning-rate schedule goes on
-        "agent": ppo.state_dict(),
-        "recent_returns": list(recent_returns),
-        "rng": rng_state(),
-    }
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    torch.save(checkpoint, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def load_checkpoint(path, args):
-    """A checkpoint of this run (algorithm, env, seed and hyper-parameters), or one line and exit status 2."""
-    if not os.path.isfile(path):
-        exit_with_error(f"no checkpoint at {path}")
-    try:
-        # On the CPU: loading puts each tensor where its parameter lives, and a CUDA run resumes on a CPU.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # truncated, corrupt, or not a torch file at all: each raises its own type
-        exit_with_error(f"cannot read the checkpoint {path}: {str(error).splitlines()[0]}")
-    if not isinstance(checkpoint, dict) or checkpoint.get("algo") != "ppo_atari":
-        found = checkpoint.get("algo") if isinstance(checkpoint, dict) else type(checkpoint).__name__
-        exit_with_error(f"{path} is not a PPO Atari checkpoint (it holds {found})")
-    if (checkpoint["env_id"], checkpoint["seed"]) != (args.env_id, args.seed):
-        exit_with_error(
-            f"{path} is a run on {checkpoint['env_id']} with seed {checkpoint['seed']}, "
-            f"not on {args.env_id} with seed {args.seed}"
-        )
-    changed = [
-        f"--{name.replace('_', '-')} {value} (checkpoint) vs {getattr(args, name)}"
-        for name, value in checkpoint["hyperparameters"].items()
-        if getattr(args, name) != value
-    ]
-    if changed:
-        exit_with_error(f"{path} was made with other hyper-parameters: {', '.join(changed)}")
-    return checkpoint
-
-
-def evaluate(checkpoint, args, device, video_folder, stop_signals):
-    """The mean return of the checkpoint's policy over --eval-episodes games of a fresh env with another seed, in a
-    fresh agent; None if a signal stops it. Video: one MP4 per game, of the newest frame of each observation.
+class EvalGame:
+    """A pool of one env played as the evaluation plays a gymnasium env (run_utils.evaluate), a game an episode.
 
     As CleanRL's evaluation (cleanrl_utils/evals/ppo_eval.py) does: the env is the training one (episodic life,
-    clipped rewards), the actions are sampled from the policy, and a game's return is its real one, the game's own
-    rewards summed over all lives, as the training loop reports it."""
-    envs = make_envs(args.env_id, 1, args.seed + EVAL_SEED_OFFSET)
-    agent = Agent(envs.action_space.n).to(device)
+    clipped rewards), and a game's return is its real one, the game's own rewards summed over all lives, as the
+    training loop reports it. Video: the newest frame of each observation (envpool's Atari envs cannot render)."""
+
+    metadata = {"render_fps": VIDEO_FPS}
+
+    def __init__(self, envs):
+        self.envs = envs
+
+    def reset(self, seed=None):  # the pool was seeded when it was made
+        self.obs, info = self.envs.reset()
+        return self.obs, info
+
+    def step(self, action):
+        self.obs, _, _, truncations, infos = self.envs.step(action)
+        # A lost life ends an episode but not the game: the env goes on to the next life, as in training.
+        return self.obs, float(infos["reward"][0]), bool(infos["terminated"][0]), bool(truncations[0]), {}
+
+    def render(self):
+        return self.obs[0, -1]  # what the agent sees: the newest of its 4 stacked 84x84 frames
+
+    def close(self):
+        self.envs.close()
+
+
+def evaluation_policy(checkpoint, env, device):
+    """The saved agent's policy, for the evaluation: actions sampled from a fresh agent, as in CleanRL's evaluation."""
+    agent = Agent(env.envs.action_space.n).to(device)
     agent.load_state_dict(checkpoint["agent"]["agent"])
-    returns = []
-    # The actions are sampled from torch's generator seeded like the env (the same checkpoint, the same evaluation),
-    # and the run's generators are restored afterwards.
-    with torch.random.fork_rng():
-        torch.manual_seed(args.seed + EVAL_SEED_OFFSET)
-        while len(returns) < args.eval_episodes and not stop_signals:
-            obs, _ = envs.reset()
-            game_return, game_over = 0.0, False
-            video = None
-            if video_folder:  # 84x84 as it is: no resizing to a multiple of 16 (H.264 needs only even sides)
-                video = imageio.get_writer(
-                    f"{video_folder}/eval-episode-{len(returns)}.mp4", fps=VIDEO_FPS, macro_block_size=2
-                )
-            while not game_over and not stop_signals:
-                if video:
-                    video.append_data(obs[0, -1])  # what the agent sees: the newest of its 4 stacked 84x84 frames
-                with torch.no_grad():
-                    action = agent.get_action_and_value(torch.as_tensor(obs, dtype=torch.float32, device=device))[0]
-                obs, _, _, truncations, infos = envs.step(action.cpu().numpy())
-                game_return += float(infos["reward"][0])
-                # A lost life ends an episode but not the game: the env goes on to the next life, as in training.
-                game_over = bool(infos["terminated"][0] or truncations[0])
-            if video:
-                video.close()
-            if game_over:
-                returns.append(game_return)
-    envs.close()
-    return float(np.mean(returns)) if len(returns) == args.eval_episodes else None
 
+    def act(obs):
+        with torch.no_grad():
+            return agent.get_action_and_value(torch.as_tensor(obs, dtype=torch.float32, device=device))[0].cpu().numpy()
 
-def check_video_recording():
-    """--capture-video fails before training, not after it: imageio must write MP4."""
-    if importlib.util.find_spec("imageio_ffmpeg") is None:
-        exit_with_error("--capture-video writes MP4 through imageio-ffmpeg: pip install imageio-ffmpeg")
-
-
-def stop_on_signals():
-    """Ctrl-C (SIGINT) and SIGTERM end the run after the current iteration instead of killing it: the list returned
-    receives the signal's number. A second signal of the same kind stops the process at once."""
-    received = []
-
-    def handler(signum, frame):
-        received.append(signum)
-        signal.signal(signum, signal.SIG_DFL)
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, handler)
-    return received
+    return act
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
-    run_start = time.perf_counter()
-    script = os.path.basename(__file__)
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
-    if args.capture_video:
-        check_video_recording()
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if args.cudagraphs and device.type != "cuda":
-        print(f"{script}: --cudagraphs needs a CUDA device; cudagraphs are off for this run", file=sys.stderr)
-        args.cudagraphs = False
-    checkpoint = load_checkpoint(args.resume, args) if args.resume else None
-    start_iteration, start_step = (checkpoint["iteration"], checkpoint["global_step"]) if checkpoint else (0, 0)
-    model_path = args.model_path or args.resume
-    model_path = (
-        model_path or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}/{args.exp_name}.pt"
+    make_eval_env = lambda seed, render_mode: EvalGame(make_envs(args.env_id, 1, seed))  # noqa: E731
+    run = run_utils.Run(args, __file__, "ppo_atari", "PPO Atari", HYPERPARAMETERS, make_eval_env, unit="games")
+    device = run.device
+    start_iteration, start_step = (
+        (run.checkpoint["iteration"], run.checkpoint["global_step"]) if run.checkpoint else (0, 0)
     )
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
 
     # A resumed run starts new games, on envs seeded by the step it resumes at.
     envs = make_envs(args.env_id, args.num_envs, args.seed + start_step)
     ppo = build_ppo(envs.action_space.n, args, device)
-    recent_returns = deque(maxlen=20)
-    if checkpoint:
-        ppo.load_state_dict(checkpoint["agent"])
-        recent_returns.extend(checkpoint["recent_returns"])
-        set_rng_state(checkpoint["rng"])
+    if run.checkpoint:
+        ppo.load_state_dict(run.checkpoint["agent"])
+        run_utils.set_rng_state(run.checkpoint["rng"])
 
-    if args.track:
-        import wandb
+    def save_checkpoint():
+        """A PPO checkpoint: the step, the iterations done (where the learning-rate schedule goes on) and the agent."""
+        run.save_checkpoint(global_step=global_step, iteration=global_step // batch_size, agent=ppo.state_dict())
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.exp_name)
-
-    stop_signals = stop_on_signals()
     next_obs, _ = envs.reset()
     # Frames stay uint8 until the network divides them by 255: a quarter of the memory and copies of float32.
     next_obs = torch.as_tensor(next_obs, device=device)
     next_done = np.zeros(args.num_envs, dtype=np.float32)
     game_returns = np.zeros(args.num_envs)  # each env's unclipped score since its game started, over all lives
-    episode_returns = []
     global_step = start_step
-    train_start = time.perf_counter()
-    measure_start = measure_start_step = None
-    sps = compile_seconds = None
-    pbar = tqdm.tqdm(total=num_iterations * batch_size, desc=script, mininterval=1.0, initial=start_step)
+    run.progress(start_step, num_iterations * batch_size)
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        if iteration == start_iteration + args.measure_burnin + 1:
-            measure_start, measure_start_step = time.perf_counter(), global_step
-            compile_seconds = measure_start - train_start
+        run.clock(iteration, start_iteration + 1, start_iteration + 1 + args.measure_burnin, global_step)
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             ppo.set_learning_rate(frac * args.learning_rate)
@@ -566,12 +410,8 @@ if __name__ == "__main__":
             # (infos["terminated"]) or cut by the time limit.
             game_returns += infos["reward"]
             for index in np.flatnonzero(infos["terminated"].astype(bool) | truncations):
-                episode_return = float(game_returns[index])
+                run.episode(float(game_returns[index]), global_step)
                 game_returns[index] = 0.0
-                episode_returns.append(episode_return)
-                recent_returns.append(episode_return)
-                if args.track:
-                    wandb.log({"charts/episodic_return": episode_return}, step=global_step)
             env_steps[-1].update(rewards=reward, time_limits=(truncations & ~terminations).astype(np.float32))
             next_obs = torch.as_tensor(next_obs, device=device)
             next_done = (terminations | truncations).astype(np.float32)
@@ -609,85 +449,10 @@ if __name__ == "__main__":
                 break
 
         # Log once per iteration, from the last minibatch.
-        logs = {name: value.item() for name, value in losses.items()}
-        for name, value in logs.items():
-            if not np.isfinite(value):
-                pbar.close()
-                sys.exit(f"{script}: error: {name} is {value} at step {global_step}; stopping the run")
-        if measure_start is not None and global_step > measure_start_step:
-            sps = (global_step - measure_start_step) / (time.perf_counter() - measure_start)
-        mean_return = np.mean(recent_returns) if recent_returns else float("nan")
-        pbar.update(batch_size)
-        pbar.set_postfix(sps=f"{sps or 0:.0f}", ret=f"{mean_return:.1f}", refresh=False)
-        if args.track:
-            wandb.log(
-                {
-                    **{f"losses/{k}": v for k, v in logs.items()},
-                    "charts/learning_rate": ppo.optimizer.param_groups[0]["lr"].item(),
-                },
-                step=global_step,
-            )
-        if stop_signals:
+        run.log(global_step, losses, {"charts/learning_rate": ppo.optimizer.param_groups[0]["lr"]})
+        if run.stop_signals:
             break
-        if args.checkpoint_every and iteration < num_iterations:
-            # After the iteration in which the step count reaches a multiple of --checkpoint-every.
-            if global_step // args.checkpoint_every > (global_step - batch_size) // args.checkpoint_every:
-                save_checkpoint(model_path, ppo, args, global_step, iteration, recent_returns)
-    pbar.close()
+        if run.checkpoint_due(global_step, batch_size):
+            save_checkpoint()
     envs.close()
-
-    end = time.perf_counter()
-    eval_return = None
-    if args.save_model:
-        iterations_done = global_step // batch_size  # each iteration steps the whole batch
-        save_checkpoint(model_path, ppo, args, global_step, iterations_done, recent_returns)
-        if args.eval_episodes and not stop_signals:
-            video_folder = os.path.join(os.path.dirname(model_path), "videos") if args.capture_video else None
-            if video_folder:
-                os.makedirs(video_folder, exist_ok=True)
-            eval_checkpoint = torch.load(model_path, map_location="cpu", weights_only=True)
-            eval_return = evaluate(eval_checkpoint, args, device, video_folder, stop_signals)
-    final_return = float(np.mean(recent_returns)) if recent_returns else None
-    results = {
-        "script": script,
-        "algo": "ppo_atari",
-        "env_id": args.env_id,
-        "seed": args.seed,
-        "compile": args.compile,
-        "cudagraphs": args.cudagraphs,
-        "device": str(device),
-        "torch_version": torch.__version__,
-        "total_timesteps": num_iterations * batch_size,
-        "sps": sps,
-        "compile_seconds": compile_seconds,
-        "wall_seconds": end - run_start,
-        "final_return": final_return,
-        "steps_done": global_step,
-        "interrupted": bool(stop_signals),
-        "eval_return": eval_return,
-        "model_path": model_path if args.save_model else None,
-    }
-    if args.results_path:
-        with open(args.results_path, "a") as f:
-            f.write(json.dumps(results) + "\n")
-    if args.track:
-        wandb.log({"charts/sps": sps, "charts/eval_return": eval_return}, step=global_step)
-        wandb.finish()
-    sps_text = (
-        f"{sps:.0f} sps (steady state)" if sps else "sps not measured (run ended within measure_burnin iterations)"
-    )
-    return_text = f"{final_return:.1f}" if final_return is not None else "n/a (no finished episode)"
-    if stop_signals:
-        done_text = (
-            f"interrupted by {signal.Signals(stop_signals[0]).name} at step {global_step} of "
-            f"{num_iterations * batch_size}"
-        )
-    else:
-        done_text = f"{global_step} steps"
-    summary = f"{script}: {done_text} on {args.env_id}, {sps_text}, final return {return_text}"
-    if args.save_model:
-        summary += f"; checkpoint {model_path}"
-        summary += f", eval return {eval_return:.1f} over {args.eval_episodes} games" if eval_return is not None else ""
-    print(summary)
-    if stop_signals:
-        sys.exit(128 + stop_signals[0])
+    run.finish(global_step, save_checkpoint, evaluation_policy)

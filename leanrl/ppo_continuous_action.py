@@ -1,62 +1,32 @@
 # Proximal Policy Optimization for continuous actions, plain eager PyTorch (the baseline of the speed-up table).
 # Its twin, ppo_continuous_action_torchcompile.py, trains the same agent faster: `diff` the two files.
-import importlib.util
-import json
 import os
-import random
-import signal
-import sys
-import time
-from collections import deque
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import gymnasium as gym
-import imageio
 import numpy as np
+import run_utils
 import torch
 import torch.nn as nn
-import tqdm
 import tyro
 from torch.distributions.normal import Normal
 
 
 @dataclass
-class Args:
+class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cuda, checkpoints, evaluation, ...)
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled, cuda will be used when available"""
-    track: bool = False
-    """if toggled, this experiment will be tracked with Weights and Biases"""
-    wandb_project_name: str = "leanrl"
-    """the wandb's project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of wandb's project"""
     env_id: str = "HalfCheetah-v5"
     """the id of the environment (a gymnasium id with a continuous action space)"""
     total_timesteps: int = 1000000
     """total timesteps of the experiment"""
     measure_burnin: int = 3
     """training iterations (rollout + update) left out of the sps measure (compile, warm-up)"""
-    results_path: str | None = None
-    """if set, append one JSON line with this run's results to this file"""
-    save_model: bool = False
-    """if toggled, save a checkpoint at the end of training (and at an interruption), then evaluate it"""
-    model_path: str | None = None
-    """the checkpoint's path (default: the --resume file, else runs/<env_id>__<exp_name>__<seed>__<time>/<exp_name>.pt)"""
     checkpoint_every: int = 0
     """with --save-model, also save the checkpoint every this many env steps (after the iteration that reaches a multiple; 0: only at the end)"""
-    resume: str | None = None
-    """continue the run saved in this checkpoint; --total-timesteps counts the steps of the whole run"""
     eval_episodes: int = 10
     """episodes of the saved agent's policy (actions sampled from it, as in CleanRL's evaluation) on a fresh env after training"""
-    capture_video: bool = False
-    """with --save-model, record the evaluation episodes as MP4 files in a videos/ folder beside the checkpoint"""
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     num_envs: int = 1
@@ -93,40 +63,30 @@ class Args:
 HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma", "gae_lambda", "num_minibatches",
                    "update_epochs", "norm_adv", "clip_coef", "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm",
                    "target_kl")  # fmt: skip
-EVAL_SEED_OFFSET = 10_000  # the evaluation env's seed is the run's plus this: episodes the agent never trained on
-
-
-def exit_with_error(message):
-    """A user's mistake: one line on stderr, exit status 2, no traceback."""
-    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def check_args(args):
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs"):
-        if getattr(args, name) <= 0:
-            exit_with_error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    run_utils.check_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
     if args.measure_burnin < 0:
-        exit_with_error("--measure-burnin must not be negative")
+        run_utils.exit_with_error("--measure-burnin must not be negative")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
-        exit_with_error(
+        run_utils.exit_with_error(
             f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
             f"(num_envs * num_steps = {batch_size})"
         )
-    if not 0 <= args.seed < 2**31:  # what numpy, torch and the environments all accept
-        exit_with_error(f"--seed must be in [0, 2**31), got {args.seed}")
-    if args.checkpoint_every < 0 or args.eval_episodes < 0:
-        exit_with_error("--checkpoint-every and --eval-episodes must not be negative")
-    if (args.checkpoint_every or args.capture_video) and not args.save_model:
-        exit_with_error("--checkpoint-every and --capture-video need --save-model")
-    if args.capture_video and not args.eval_episodes:
-        exit_with_error("--capture-video records the evaluation episodes: --eval-episodes must be positive")
 
 
 def make_env(env_id, gamma, render_mode=None):
     def thunk():
-        env = gym.make(env_id, render_mode=render_mode)
+        try:
+            env = gym.make(env_id, render_mode=render_mode)
+        except gym.error.Error as error:
+            run_utils.exit_with_error(f"cannot make env {env_id!r}: {error}")
+        if not isinstance(env.action_space, gym.spaces.Box):
+            run_utils.exit_with_error(
+                f"continuous PPO needs a continuous (Box) action space, {env_id} has {env.action_space}"
+            )
         env = gym.wrappers.FlattenObservation(env)  # deal with dm_control's Dict observation space
         env = gym.wrappers.RecordEpisodeStatistics(env)  # before the reward wrappers: real returns
         env = gym.wrappers.ClipAction(env)
@@ -137,24 +97,6 @@ def make_env(env_id, gamma, render_mode=None):
         return env
 
     return thunk
-
-
-def make_envs(args):
-    try:
-        probe = gym.make(args.env_id)
-    except gym.error.Error as error:
-        exit_with_error(f"cannot make env {args.env_id!r}: {error}")
-    if not isinstance(probe.action_space, gym.spaces.Box):
-        exit_with_error(f"continuous PPO needs a continuous (Box) action space, {args.env_id} has {probe.action_space}")
-    probe.close()
-    # SAME_STEP: an env that ends an episode is reset within that step (its last observation is in
-    # infos["final_obs"]), so every stored step is a real transition: none spans a reset.
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, args.gamma) for _ in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
-    envs.action_space.seed(args.seed)
-    return envs
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -352,181 +294,55 @@ def load_normalization_state(env, state, frozen=False):
         wrapper.update_running_mean = not frozen
 
 
-def rng_state():
-    """The state of every random generator the run draws from (the envs' are reseeded on resume)."""
-    numpy_state = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": [numpy_state[0], torch.from_numpy(numpy_state[1]), *numpy_state[2:]],
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def set_rng_state(state):
-    random.setstate(state["python"])
-    name, keys, *rest = state["numpy"]
-    np.random.set_state((name, keys.numpy(), *rest))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and len(state["cuda"]) == torch.cuda.device_count():  # a CUDA run resumed on a CPU skips it
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def save_checkpoint(path, ppo, envs, args, iteration, global_step, recent_returns):
-    """A plain torch.save dict: its agent and optimizer are the plain script's state_dicts, which both scripts read.
-    Written to a temporary file and renamed, so a crash while writing leaves the last good checkpoint in place."""
-    checkpoint = {
-        "algo": "ppo_continuous",
-        "env_id": args.env_id,
-        "seed": args.seed,
-        "hyperparameters": {name: getattr(args, name) for name in HYPERPARAMETERS},
-        "global_step": global_step,
-        "iteration": iteration,  # the learning-rate schedule's position
-        "agent": ppo.state_dict(),
-        "normalization": [normalization_state(env) for env in envs.envs],
-        "recent_returns": list(recent_returns),
-        "rng": rng_state(),
-    }
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    torch.save(checkpoint, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def load_checkpoint(path, args):
-    """A checkpoint of this run (algorithm, env, seed and hyper-parameters), or one line and exit status 2."""
-    if not os.path.isfile(path):
-        exit_with_error(f"no checkpoint at {path}")
-    try:
-        # On the CPU: loading puts each tensor where its parameter lives, and a CUDA run resumes on a CPU.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # truncated, corrupt, or not a torch file at all: each raises its own type
-        exit_with_error(f"cannot read the checkpoint {path}: {str(error).splitlines()[0]}")
-    if not isinstance(checkpoint, dict) or checkpoint.get("algo") != "ppo_continuous":
-        found = checkpoint.get("algo") if isinstance(checkpoint, dict) else type(checkpoint).__name__
-        exit_with_error(f"{path} is not a continuous PPO checkpoint (it holds {found})")
-    if (checkpoint["env_id"], checkpoint["seed"]) != (args.env_id, args.seed):
-        exit_with_error(
-            f"{path} is a run on {checkpoint['env_id']} with seed {checkpoint['seed']}, "
-            f"not on {args.env_id} with seed {args.seed}"
-        )
-    changed = [
-        f"--{name.replace('_', '-')} {value} (checkpoint) vs {getattr(args, name)}"
-        for name, value in checkpoint["hyperparameters"].items()
-        if getattr(args, name) != value
-    ]
-    if changed:
-        exit_with_error(f"{path} was made with other hyper-parameters: {', '.join(changed)}")
-    return checkpoint
-
-
-def evaluate(checkpoint, args, device, video_folder, stop_signals):
-    """The mean return of the checkpoint's policy over --eval-episodes episodes of a fresh env with another seed, in a
-    fresh agent; None if a signal stops it. Video: one MP4 per episode.
-
-    As CleanRL's evaluation (cleanrl_utils/evals/ppo_eval.py): the actions are sampled from the policy, and the returns
-    are the env's real ones (RecordEpisodeStatistics sits below the reward normalisation). The observations are
-    normalised with the checkpoint's statistics (those of the first training env), frozen during the evaluation."""
-    env = make_env(args.env_id, args.gamma, render_mode="rgb_array" if video_folder else None)()
+def evaluation_policy(checkpoint, env, device):
+    """The saved agent's policy, for the evaluation, as CleanRL's (cleanrl_utils/evals/ppo_eval.py): actions sampled
+    from a fresh agent, on observations normalised with the checkpoint's statistics (those of the first training env),
+    frozen; the returns are the env's real ones (RecordEpisodeStatistics sits below the reward normalisation)."""
     load_normalization_state(env, checkpoint["normalization"][0], frozen=True)
     agent = Agent(env.observation_space.shape[0], env.action_space.shape[0]).to(device)
     agent.load_state_dict(checkpoint["agent"]["agent"])
-    torch.manual_seed(args.seed + EVAL_SEED_OFFSET)  # the sampled actions: the same in every evaluation of a checkpoint
-    returns = []
-    obs, _ = env.reset(seed=args.seed + EVAL_SEED_OFFSET)
-    while len(returns) < args.eval_episodes and not stop_signals:
-        done = False
-        video = None
-        if video_folder:
-            video = imageio.get_writer(
-                f"{video_folder}/eval-episode-{len(returns)}.mp4", fps=env.metadata["render_fps"]
-            )
-        while not done and not stop_signals:
-            if video:
-                video.append_data(env.render())
-            with torch.no_grad():
-                obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
-                action = agent.get_action_and_value(obs_tensor)[0]
-            obs, _, terminated, truncated, info = env.step(action[0].cpu().numpy())
-            done = terminated or truncated
-        if video:
-            video.close()
-        if done:
-            returns.append(float(info["episode"]["r"]))
-            obs, _ = env.reset()
-    env.close()
-    return float(np.mean(returns)) if len(returns) == args.eval_episodes else None
 
+    def act(obs):
+        with torch.no_grad():
+            obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
+            return agent.get_action_and_value(obs_tensor)[0][0].cpu().numpy()
 
-def check_video_recording(args):
-    """--capture-video fails before training, not after it: the env must render and imageio must write MP4."""
-    if importlib.util.find_spec("imageio_ffmpeg") is None:
-        exit_with_error("--capture-video writes MP4 through imageio-ffmpeg: pip install imageio-ffmpeg")
-    if sys.platform.startswith("linux") and not os.environ.get("DISPLAY"):
-        os.environ.setdefault("MUJOCO_GL", "egl")  # no screen: MuJoCo renders off-screen (a GPU's EGL, or Mesa's)
-    env = make_env(args.env_id, args.gamma, render_mode="rgb_array")()
-    try:
-        env.reset(seed=0)
-        frame = env.render()
-    except Exception as error:  # MuJoCo raises several types when no OpenGL context can be made
-        exit_with_error(f"{args.env_id} cannot render here: {error} (headless MuJoCo needs MUJOCO_GL=egl or osmesa)")
-    finally:
-        env.close()
-    if frame is None:
-        exit_with_error(f"{args.env_id} renders no image, so there is nothing to record")
-
-
-def stop_on_signals():
-    """Ctrl-C (SIGINT) and SIGTERM end the run after the current iteration instead of killing it: the list returned
-    receives the signal's number. A second signal of the same kind stops the process at once."""
-    received = []
-
-    def handler(signum, frame):
-        received.append(signum)
-        signal.signal(signum, signal.SIG_DFL)
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, handler)
-    return received
+    return act
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
-    run_start = time.perf_counter()
-    script = os.path.basename(__file__)
+    make_eval_env = lambda seed, render_mode: make_env(args.env_id, args.gamma, render_mode)()  # noqa: E731
+    run = run_utils.Run(args, __file__, "ppo_continuous", "continuous PPO", HYPERPARAMETERS, make_eval_env)
+    device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    checkpoint = load_checkpoint(args.resume, args) if args.resume else None
-    start_step, start_iteration = (checkpoint["global_step"], checkpoint["iteration"]) if checkpoint else (0, 0)
-    model_path = args.model_path or args.resume
-    model_path = (
-        model_path or f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}/{args.exp_name}.pt"
+    start_step, start_iteration = (
+        (run.checkpoint["global_step"], run.checkpoint["iteration"]) if run.checkpoint else (0, 0)
     )
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-
-    envs = make_envs(args)
-    if args.capture_video:
-        check_video_recording(args)
+    # SAME_STEP: an env that ends an episode is reset within that step (its last observation is in
+    # infos["final_obs"]), so every stored step is a real transition: none spans a reset.
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, args.gamma) for _ in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    envs.action_space.seed(args.seed)
     obs_dim, action_dim = envs.single_observation_space.shape[0], envs.single_action_space.shape[0]
     ppo = build_ppo(obs_dim, action_dim, args, device)
-    recent_returns = deque(maxlen=20)
-    if checkpoint:
-        ppo.load_state_dict(checkpoint["agent"])
-        for env, state in zip(envs.envs, checkpoint["normalization"], strict=True):
+    if run.checkpoint:
+        ppo.load_state_dict(run.checkpoint["agent"])
+        for env, state in zip(envs.envs, run.checkpoint["normalization"], strict=True):
             load_normalization_state(env, state)
-        recent_returns.extend(checkpoint["recent_returns"])
-        set_rng_state(checkpoint["rng"])
+        run_utils.set_rng_state(run.checkpoint["rng"])
 
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.exp_name)
+    # A continuous PPO checkpoint: the step, the iteration (the learning-rate schedule's position), the agent and
+    # each env's normalisation statistics (Run adds the run's state).
+    def save_checkpoint():
+        run.save_checkpoint(global_step=global_step, iteration=iterations_done, agent=ppo.state_dict(),
+                            normalization=[normalization_state(env) for env in envs.envs])  # fmt: skip
 
     # Rollout storage.
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
@@ -536,23 +352,16 @@ if __name__ == "__main__":
     dones = torch.zeros((args.num_steps, args.num_envs), device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
 
-    stop_signals = stop_on_signals()
     # A resumed run starts new episodes, on envs seeded by the step it resumes at. A run with nothing left to train
     # resets no env: the reset would move the normalisation statistics it saves.
     if start_iteration < num_iterations:
         next_obs, _ = envs.reset(seed=args.seed + start_step)
         next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
-    episode_returns = []
     global_step, iterations_done = start_step, start_iteration  # as the loop goes
-    train_start = time.perf_counter()
-    measure_start = measure_start_step = None
-    sps = compile_seconds = None
-    pbar = tqdm.tqdm(total=num_iterations * batch_size, desc=script, mininterval=1.0, initial=start_step)
+    run.progress(start_step, num_iterations * batch_size)
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        if iteration == start_iteration + args.measure_burnin + 1:
-            measure_start, measure_start_step = time.perf_counter(), global_step
-            compile_seconds = measure_start - train_start
+        run.clock(iteration, start_iteration + 1, start_iteration + 1 + args.measure_burnin, global_step)
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             ppo.set_learning_rate(frac * args.learning_rate)
@@ -571,11 +380,7 @@ if __name__ == "__main__":
                     reward, terminations, truncations, infos["final_obs"], ppo.value, args.gamma
                 )
                 for index in np.flatnonzero(infos["final_info"].get("_episode", [])):
-                    episode_return = float(infos["final_info"]["episode"]["r"][index])
-                    episode_returns.append(episode_return)
-                    recent_returns.append(episode_return)
-                    if args.track:
-                        wandb.log({"charts/episodic_return": episode_return}, step=global_step)
+                    run.episode(float(infos["final_info"]["episode"]["r"][index]), global_step)
             rewards[step] = reward
             next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
             next_done = torch.tensor(terminations | truncations, dtype=torch.float32, device=device)
@@ -608,83 +413,11 @@ if __name__ == "__main__":
                 break
 
         # Log once per iteration, from the last minibatch.
-        logs = {name: value.item() for name, value in losses.items()}
-        for name, value in logs.items():
-            if not np.isfinite(value):
-                pbar.close()
-                sys.exit(f"{script}: error: {name} is {value} at step {global_step}; stopping the run")
-        if measure_start is not None and global_step > measure_start_step:
-            sps = (global_step - measure_start_step) / (time.perf_counter() - measure_start)
-        mean_return = np.mean(recent_returns) if recent_returns else float("nan")
-        pbar.update(batch_size)
-        pbar.set_postfix(sps=f"{sps or 0:.0f}", ret=f"{mean_return:.1f}", refresh=False)
-        if args.track:
-            wandb.log(
-                {
-                    **{f"losses/{k}": v for k, v in logs.items()},
-                    "charts/learning_rate": ppo.optimizer.param_groups[0]["lr"],
-                },
-                step=global_step,
-            )
+        run.log(global_step, losses, {"charts/learning_rate": ppo.optimizer.param_groups[0]["lr"]})
         iterations_done = iteration
-        if stop_signals:
+        if run.stop_signals:
             break
-        # Every --checkpoint-every steps: after the iteration in which the step count reaches a multiple of it.
-        if args.checkpoint_every and global_step % args.checkpoint_every < batch_size and iteration < num_iterations:
-            save_checkpoint(model_path, ppo, envs, args, iteration, global_step, recent_returns)
-    pbar.close()
-
-    end = time.perf_counter()
-    eval_return = None
-    if args.save_model:
-        save_checkpoint(model_path, ppo, envs, args, iterations_done, global_step, recent_returns)
-        if args.eval_episodes and not stop_signals:
-            video_folder = os.path.join(os.path.dirname(model_path), "videos") if args.capture_video else None
-            if video_folder:
-                os.makedirs(video_folder, exist_ok=True)
-            eval_checkpoint = torch.load(model_path, map_location="cpu", weights_only=True)
-            eval_return = evaluate(eval_checkpoint, args, device, video_folder, stop_signals)
+        if run.checkpoint_due(global_step, batch_size):
+            save_checkpoint()
     envs.close()
-    final_return = float(np.mean(recent_returns)) if recent_returns else None
-    results = {
-        "script": script,
-        "algo": "ppo_continuous",
-        "env_id": args.env_id,
-        "seed": args.seed,
-        "compile": False,
-        "cudagraphs": False,
-        "device": str(device),
-        "torch_version": torch.__version__,
-        "total_timesteps": num_iterations * batch_size,
-        "sps": sps,
-        "compile_seconds": compile_seconds,
-        "wall_seconds": end - run_start,
-        "final_return": final_return,
-        "steps_done": global_step,
-        "interrupted": bool(stop_signals),
-        "eval_return": eval_return,
-        "model_path": model_path if args.save_model else None,
-    }
-    if args.results_path:
-        with open(args.results_path, "a") as f:
-            f.write(json.dumps(results) + "\n")
-    if args.track:
-        wandb.log({"charts/sps": sps, "charts/eval_return": eval_return}, step=global_step)
-        wandb.finish()
-    sps_text = (
-        f"{sps:.0f} sps (steady state)" if sps else "sps not measured (run ended within measure_burnin iterations)"
-    )
-    return_text = f"{final_return:.1f}" if final_return is not None else "n/a (no finished episode)"
-    if stop_signals:
-        done_text = f"interrupted by {signal.Signals(stop_signals[0]).name} at step {global_step} of {num_iterations * batch_size}"
-    else:
-        done_text = f"{global_step} steps"
-    summary = f"{script}: {done_text} on {args.env_id}, {sps_text}, final return {return_text}"
-    if args.save_model:
-        summary += f"; checkpoint {model_path}"
-        summary += (
-            f", eval return {eval_return:.1f} over {args.eval_episodes} episodes" if eval_return is not None else ""
-        )
-    print(summary)
-    if stop_signals:
-        sys.exit(128 + stop_signals[0])
+    run.finish(global_step, save_checkpoint, evaluation_policy)

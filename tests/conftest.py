@@ -33,6 +33,8 @@ from tensordict import TensorDict, TensorDictBase
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS_DIR = REPO_ROOT / "leanrl"
+# A script imports its sibling run_utils as `python leanrl/<script>.py` does: from the scripts' folder.
+sys.path.insert(0, str(SCRIPTS_DIR))
 
 # Generous limits: the CI and dev machines are small and noisy; a limit only turns a hang into a failure.
 DEFAULT_TIMEOUT_S = 900
@@ -142,9 +144,12 @@ def run_in_process(name, *flags, timeout=DEFAULT_TIMEOUT_S, cuda=False):
     argv = [str(path), *map(str, flags), *(() if cuda else ("--no-cuda",))]
     try:
         with _command_line(argv), _time_limit(timeout, " ".join(argv)):
-            return runpy.run_path(str(path), run_name="__main__")
+            run_globals = runpy.run_path(str(path), run_name="__main__")
     except SystemExit as exit_:
         pytest.fail(f"{' '.join(argv)} exited with {exit_.code!r}")
+    if "run" in run_globals:  # the returns the run's mechanics collected, where the tests look for them
+        run_globals["episode_returns"] = run_globals["run"].episode_returns
+    return run_globals
 
 
 @contextlib.contextmanager
@@ -452,9 +457,16 @@ def assert_params_close_after_steps(actual, expected, lrs, what):
 
 
 def args_docstrings(name):
-    """{field: docstring} of a script's Args class, read from the source (the string right after each field)."""
-    tree = ast.parse(script_path(name).read_text())
-    (args_class,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Args"]
+    """{field: docstring} of a script's Args class, read from the source (the string right after each field), with
+    those of the fields it inherits from run_utils.RunArgs (the flags every script has) that it does not set again."""
+    docs = class_docstrings(SCRIPTS_DIR / "run_utils.py", "RunArgs")
+    docs.update(class_docstrings(script_path(name), "Args"))
+    return docs
+
+
+def class_docstrings(path, class_name):
+    tree = ast.parse(Path(path).read_text())
+    (args_class,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == class_name]
     docs = {}
     body = args_class.body
     for index, node in enumerate(body):

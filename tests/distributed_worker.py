@@ -85,7 +85,7 @@ def run(out, script, flags):
             params={key: value.clone() for key, value in ppo.agent.state_dict().items()},
             rollout_obs=rollout_obs.clone(),
             optimizer_steps=sorted({state["step"].item() for state in ppo.optimizer.state.values()}),
-            episode_returns=run_globals["episode_returns"],
+            episode_returns=run_globals["run"].episode_returns,
         ),
         Path(out) / f"run_rank{rank}.pt",
     )

@@ -1,10 +1,12 @@
 """benchmarks/learning_curves.py: tiny runs are recorded episode by episode as the scripts report them, stamped with
-the env steps; a rerun skips the recorded seeds; the plot draws the published figures the issue gives and the table
-sets ours beside them; bad input gets one line and exit status 2.
+the env steps, in a world of one process or of two (torchrun), beside a random policy's Atari games; a rerun skips
+the recorded seeds; the plot draws the published figures the issue gives and the table sets ours beside them; bad
+input gets one line and exit status 2.
 """
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import time
 
 import matplotlib.image
 import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 import torch
 from conftest import REPO_ROOT, describe, run_in_process
@@ -113,8 +116,10 @@ def test_keep_model_keeps_the_trained_agent_beside_the_record_for_evaluation(tmp
     assert records(tmp_path)[name]["model"] == model.name
     assert torch.load(model, weights_only=True)["global_step"] == 400
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted([name, model.name]), "a hidden file was left"
-    run = run_in_process(SAC, *SAC_FLAGS, "--seed", 1, "--save-model", "--resume", model, "--eval-episodes", 1)
-    assert run["episode_returns"] == [] and run["eval_return"] is not None
+    results = tmp_path / "results.jsonl"
+    run = run_in_process(SAC, *SAC_FLAGS, "--seed", 1, "--save-model", "--resume", model, "--eval-episodes", 1,
+                         "--results-path", results)  # fmt: skip
+    assert run["episode_returns"] == [] and json.loads(results.read_text())["eval_return"] is not None
 
 
 def test_vector_env_episodes_are_stamped_with_the_steps_of_every_env(tmp_path):
@@ -143,6 +148,34 @@ def test_atari_games_are_recorded_with_their_unclipped_scores(tmp_path):
     assert all(ret % 50 == 0 for _, ret in record["episodes"]) and max(ret for _, ret in record["episodes"]) > 50
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_distributed_script_in_a_world_of_processes_and_the_random_policy(processes, tmp_path):
+    """--processes 2 runs the script under torchrun: each rank logs its own envs and rank 0 puts their games in the
+    order the script reports them (checked against its returns, or no record), each at the global step it ended, a
+    multiple of the envs stepped together; the last-20 mean is the script's final return; no rank file is left.
+    --random-games: a random policy's games of the same Atari game, scored alike."""
+    num_envs, num_steps, total = 8, 128, 4096  # the script's default envs and rollout: 4 iterations
+    flags = ["--env-id", "Asterix-v5", "--total-timesteps", str(total)]
+    script = "ppo_atari_envpool_distributed"
+    completed = run_tool("run", "--script", script, "--processes", processes, "--random-games", 2, "--seeds", 1,
+                         "--out", tmp_path, "--", *flags)  # fmt: skip
+    assert completed.returncode == 0, describe(completed)
+    name = learning_curves.record_name(script, flags, 1, processes)
+    assert [path.name for path in tmp_path.iterdir()] == [name], "rank files left behind"
+    record = records(tmp_path)[name]
+    assert record["world_size"] == processes and record["algo"] == "ppo_atari" and record["steps"] == total
+    launch = "python" if processes == 1 else "torchrun --standalone --nproc-per-node 2"
+    assert f"{launch} leanrl/{script}.py {' '.join(flags)} --seed 1" in record["command"]
+    steps = [step for step, _ in record["episodes"]]
+    assert len(steps) >= 3 and all(step % num_envs == 0 and 0 < step <= total for step in steps), steps
+    iterations = [(step - 1) // (num_envs * num_steps) for step in steps]
+    assert iterations == sorted(iterations), "games out of the order of the iterations they ended in"
+    final = re.search(r"final return ([\d.]+)", completed.stdout).group(1)
+    assert f"{np.mean([ret for _, ret in record['episodes'][-20:]]):.1f}" == final, completed.stdout[-500:]
+    random_returns = record["random_policy_returns"]
+    assert len(random_returns) == 2 and all(score % 50 == 0 for score in random_returns), random_returns
+
+
 # A stand-in for the DQN twin (it bears its name), fast and torch-free: CartPole in a SyncVectorEnv that resets an
 # env on the step after its episode ends (gymnasium's default), random actions, then an evaluation env beside it. It
 # writes where each training episode ended (its own global step) to --ends-file; --wrong reports a wrong return,
@@ -158,18 +191,19 @@ import numpy as np
 flags = sys.argv[1:]
 flag = lambda name, default=None: flags[flags.index(name) + 1] if name in flags else default
 args = SimpleNamespace(env_id="CartPole-v1", total_timesteps=int(flag("--total-timesteps")))
+run = SimpleNamespace(episode_returns=[], device="cpu")
 seed = int(flag("--seed"))
 envs = gym.vector.SyncVectorEnv(
     [lambda: gym.wrappers.RecordEpisodeStatistics(gym.make(args.env_id)) for _ in range(2)]
 )
 envs.action_space.seed(seed)
 envs.reset(seed=seed)
-episode_returns, ends, global_step = [], [], 0
+ends, global_step = [], 0
 while global_step < int(flag("--stop-at", args.total_timesteps)):
     global_step += envs.num_envs
     infos = envs.step(envs.action_space.sample())[-1]
     for index in np.flatnonzero(infos.get("_episode", [])):
-        episode_returns.append(float(infos["episode"]["r"][index]))
+        run.episode_returns.append(float(infos["episode"]["r"][index]))
         ends.append(global_step)
 evaluation = gym.make(args.env_id)
 for episode in range(2):
@@ -177,7 +211,7 @@ for episode in range(2):
     while not any(evaluation.step(evaluation.action_space.sample())[2:4]):
         pass
 if "--wrong" in flags:
-    episode_returns[0] += 1.0
+    run.episode_returns[0] += 1.0
 with open(flag("--ends-file"), "w") as f:
     json.dump(ends, f)
 """
@@ -249,17 +283,19 @@ PANELS = [
 ]
 
 
-def write_record(folder, script, algo, env_id, budget, seed, flags=("--compile",), script_path=None):
-    """A record as `run` writes it; an episode ends every 1000 steps with return step / 100 + 10 * seed.
-    script_path: where the script was, as the record shows it (default: leanrl/)."""
+def write_record(folder, script, algo, env_id, budget, seed, flags=("--compile",), script_path=None, **fields):
+    """A record as `run` wrote it before worlds of processes and random policies; an episode ends every 1000 steps
+    with return step / 100 + 10 * seed. script_path: where the script was, as the record shows it (default:
+    leanrl/). fields: the newer ones (world_size, random_policy_returns)."""
     flags = [*flags, "--total-timesteps", str(budget)]
     episodes = [[step, step / 100 + 10 * seed] for step in range(1000, budget + 1, 1000)]
     machine = dict(cpu="Test CPU", cores=2, gpu=None, torch="2.13.0", torch_threads=1)
     record = dict(script=f"{script}.py", script_path=script_path or f"leanrl/{script}.py", algo=algo, env_id=env_id,
                   seed=seed, flags=flags, command="", omp_num_threads="1", machine=machine, device="cpu",
-                  total_timesteps=budget, steps=budget, wall_seconds=1800.0 * seed, episodes=episodes)  # fmt: skip
+                  total_timesteps=budget, steps=budget, wall_seconds=1800.0 * seed, episodes=episodes, **fields)  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / learning_curves.record_name(script, flags, seed)).write_text(json.dumps(record))
+    name = learning_curves.record_name(script, flags, seed, fields.get("world_size", 1))
+    (folder / name).write_text(json.dumps(record))
 
 
 @pytest.fixture
@@ -383,6 +419,38 @@ def test_plot_command_writes_the_png_and_the_table_of_ours_beside_the_published(
     ) in text
 
 
+def test_plot_compares_runs_in_worlds_of_one_and_two_with_the_random_policy(tmp_path):
+    """Folders of earlier runs drawn together, nothing run (no progress bar): a curve per world size in one panel, the
+    random policy's mean score over all their games as a dashed line and in the table, the commands with
+    --processes."""
+    script = "ppo_atari_envpool_distributed_torchcompile"
+    for world_size, random_returns in ((1, [1.0, 2.0]), (2, [3.0, 6.0])):
+        write_record(tmp_path / f"world{world_size}", script, "ppo_atari", "Breakout-v5", 50_000, 1,
+                     world_size=world_size, random_policy_returns=random_returns)  # fmt: skip
+    out = tmp_path / "worlds.png"
+    completed = run_tool("plot", tmp_path / "world1", tmp_path / "world2", "--out", out)
+    assert completed.returncode == 0, describe(completed)
+    assert completed.stdout.strip() == f"learning_curves.py: plot: {out}; table: {out.with_suffix('.md')}"
+    assert "it/s" not in completed.stderr, describe(completed)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    fig = learning_curves.figure(learning_curves.read_folders([tmp_path / "world1", tmp_path / "world2"]), window=20)
+    (ax,) = [ax for ax in fig.axes if ax.get_title()]
+    lines = {line.get_label().replace("\n", " "): line for line in ax.get_lines()}  # long labels are wrapped
+    plt.close(fig)
+    run = f"{script}.py --compile --total-timesteps 50000"
+    runs = [run, f"torchrun --standalone --nproc-per-node 2 {run}"]
+    assert {label for label in lines if "(seed" in label} == {f"{name} (seed 1)" for name in runs}
+    assert list(lines["random policy (4 games)"].get_ydata()) == [3.0, 3.0]
+    text = out.with_suffix(".md").read_text()
+    assert {row["run"] for row in markdown_rows(text, "ppo_atari on Breakout-v5")} == {f"`{name}`" for name in runs}
+    assert "A uniformly random policy scores 3.00 over 4 games." in text
+    assert (
+        f"`OMP_NUM_THREADS=1 python benchmarks/learning_curves.py run --script {script} --processes 2 --seeds 1 --out "
+        f"{tmp_path / 'world2'} -- --compile --total-timesteps 50000`"
+    ) in text
+
+
 # --- Bad input ----------------------------------------------------------------------------------------------------
 
 BAD_INPUT = {
@@ -392,6 +460,12 @@ BAD_INPUT = {
     "no-seeds": (["run", "--script", SAC, "--out", "{tmp}"], "--seeds"),
     "out-is-a-file": (["run", "--script", SAC, "--seeds", "1", "--out", "{tmp}/file"], "is a file"),
     "not-a-record": (["run", "--script", SAC, "--seeds", "1", "--out", "{tmp}"], "is not the record of this run"),
+    "processes": (["run", "--script", SAC, "--seeds", "1", "--out", "{tmp}", "--processes", "0"], "--processes"),
+    "world-kept": (
+        ["run", "--script", SAC, "--seeds", "1", "--out", "{tmp}", "--processes", "2", "--keep-model"],
+        "world of one",
+    ),
+    "random-games": (["run", "--script", SAC, "--seeds", "1", "--out", "{tmp}", "--random-games", "-1"], "random"),
     "plot-no-records": (["plot", "{tmp}/empty"], "no records"),
     "plot-no-folder": (["plot", "{tmp}/missing"], "no folder"),
     "plot-window": (["plot", "{tmp}", "--window", "0"], "--window"),

@@ -13,6 +13,7 @@ import statistics
 import gymnasium as gym
 import numpy as np
 import pytest
+import run_utils
 import torch
 from conftest import (
     ATOL,
@@ -551,7 +552,7 @@ def test_state_dicts_load_across_the_pair():
 
 
 def test_evaluation_normalises_with_the_checkpoints_statistics_frozen():
-    """evaluate() normalises the observations with the checkpoint's statistics, and does not update them."""
+    """The evaluation normalises the observations with the checkpoint's statistics, and does not update them."""
     module = load_script(PLAIN)
     torch.manual_seed(0)
     agent = module.Agent(4, 1).state_dict()  # InvertedPendulum-v5: 4 observations, 1 action
@@ -564,7 +565,9 @@ def test_evaluation_normalises_with_the_checkpoints_statistics_frozen():
         obs = {"mean": torch.full((4,), obs_mean, dtype=f64), "var": torch.ones(4, dtype=f64), "count": obs_count}
         reward = {"mean": torch.tensor(0.0, dtype=f64), "var": torch.tensor(1.0, dtype=f64), "count": 1.0}
         checkpoint = {"agent": {"agent": agent}, "normalization": [{"obs": obs, "reward": reward}]}
-        return module.evaluate(checkpoint, args, torch.device("cpu"), None, [])
+        env = module.make_env(args.env_id, args.gamma)()
+        act = module.evaluation_policy(checkpoint, env, torch.device("cpu"))
+        return run_utils.evaluate(env, act, args.eval_episodes, args.seed + run_utils.EVAL_SEED_OFFSET, None, [])
 
     assert eval_return(0.0, 1.0) != eval_return(0.5, 1.0), "the checkpoint's statistics are not used"
     # Statistics of one observation, if updated, would move at once; those of 10**9 would not.

@@ -1,0 +1,55 @@
+"""Checkpoints written before the run mechanics moved into leanrl/run_utils.py still resume and evaluate.
+
+tests/old_checkpoints/<plain script>.pt.gz was written by that plain script at commit 21693df (tiny buffers; where
+the file was over 1 MB, the agent's tensors but the actor's were zeroed to keep it small, which keeps its format).
+Its .json gives the flags of that run, its step count, and the eval return both scripts of the pair gave it then
+(the old scripts, --resume with nothing left to train, --eval-episodes 2).
+"""
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import assert_same_state, load_checkpoint, read_results, run_in_process
+
+OLD = Path(__file__).parent / "old_checkpoints"
+PAIRS = sorted(path.name[: -len(".json")] for path in OLD.glob("*.json"))
+SCRIPTS = [pytest.param(plain + twin, id=plain + twin) for plain in PAIRS for twin in ("", "_torchcompile")]
+MORE_STEPS = {"ppo": 256}  # PPO resumes by whole rollouts (the Atari pairs' 2 x 32 steps, continuous's 64): two or more
+
+
+def test_there_is_an_old_checkpoint_of_every_pair():
+    plains = sorted(
+        path.name[: -len("_torchcompile.py")] for path in OLD.parent.parent.glob("leanrl/*_torchcompile.py")
+    )
+    assert PAIRS == plains
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_old_checkpoint_resumes_and_evaluates(name, tmp_path):
+    plain = name.removesuffix("_torchcompile")
+    meta = json.loads((OLD / f"{plain}.json").read_text())
+    old = tmp_path / "old.pt"
+    with gzip.open(OLD / f"{plain}.pt.gz", "rb") as packed, open(old, "wb") as unpacked:
+        shutil.copyfileobj(packed, unpacked)
+    results = tmp_path / "results.jsonl"
+    common = (*meta["flags"], "--resume", old, "--save-model", "--results-path", results)
+
+    # Nothing left to train: the agent is evaluated as it was saved, and saved back entry for entry.
+    run_in_process(name, *common, "--total-timesteps", meta["global_step"], "--model-path", tmp_path / "same.pt",
+                   "--eval-episodes", meta["eval_episodes"])  # fmt: skip
+    (evaluated,) = read_results(results)
+    assert evaluated["eval_return"] == meta["eval_return"], "the old scripts evaluated this checkpoint otherwise"
+    assert evaluated["steps_done"] == meta["global_step"]
+    assert_same_state(load_checkpoint(tmp_path / "same.pt"), load_checkpoint(old))
+
+    # Training goes on from it.
+    more = MORE_STEPS["ppo"] if plain.startswith("ppo") else 100
+    run_in_process(name, *common, "--total-timesteps", meta["global_step"] + more,
+                   "--model-path", tmp_path / "more.pt", "--eval-episodes", "1")  # fmt: skip
+    trained = read_results(results)[-1]
+    assert trained["steps_done"] >= meta["global_step"] + more and not trained["interrupted"], trained
+    assert isinstance(trained["eval_return"], float)
+    assert load_checkpoint(tmp_path / "more.pt")["global_step"] == trained["steps_done"]

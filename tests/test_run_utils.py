@@ -1,0 +1,167 @@
+"""leanrl/run_utils.py, the run mechanics every script shares, tested once: outputs checked before the first step,
+the ensemble's optimizer state in the plain layout and back, the evaluation loop, the checkpoint schedule, the RNG
+state. (Each pair's tests cover the rest through its scripts: refusals, resume, signals, results line, video.)"""
+
+import argparse
+import copy
+import random
+import runpy
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import run_utils
+import torch
+from conftest import SCRIPTS_DIR, _command_line, assert_same_state, check_bad_input_in_process
+from tensordict import from_modules
+
+SCRIPTS = sorted(path.stem for path in SCRIPTS_DIR.glob("*.py") if path.stem != "run_utils")
+# The cheapest valid run of each pair: the check under test must stop it before anything else happens.
+TINY = {
+    "sac": ("--env-id", "Pendulum-v1"),
+    "td3": ("--env-id", "Pendulum-v1"),
+    "dqn": (),
+    "ppo_continuous": ("--env-id", "InvertedPendulum-v5"),
+    "ppo_atari": (),
+}
+
+
+def tiny_flags(name):
+    return next(flags for prefix, flags in TINY.items() if name.startswith(prefix))
+
+
+def test_every_script_is_covered():
+    assert len(SCRIPTS) == 12 and all(any(name.startswith(prefix) for prefix in TINY) for name in SCRIPTS)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_unwritable_checkpoint_stops_the_run_before_it_starts(name, tmp_path, capsys):
+    """--save-model to a path under a file: one line, exit 2, before any env is made or step taken."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    flags = (*tiny_flags(name), "--save-model", "--model-path", blocker / "run" / "agent.pt")
+    check_bad_input_in_process(name, flags, ["cannot write the checkpoint", "agent.pt"], tmp_path, capsys)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_unwritable_results_file_stops_the_run_before_it_starts(name, tmp_path, capsys):
+    """--results-path that is a directory: one line, exit 2, nothing written."""
+    path = SCRIPTS_DIR / f"{name}.py"
+    argv = [str(path), *tiny_flags(name), "--no-cuda", "--results-path", str(tmp_path)]
+    with _command_line(argv), pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(path), run_name="__main__")
+    stdout, stderr = capsys.readouterr()
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert exit_.value.code == 2 and len(lines) == 1, (exit_.value.code, stdout, stderr)
+    assert lines[0].startswith(f"{name}.py: error: cannot write the results file"), lines
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_writable_leaves_nothing_behind(tmp_path):
+    run_utils.check_writable(str(tmp_path / "new" / "agent.pt"), "checkpoint")
+    assert [path.name for path in tmp_path.iterdir()] == ["new"] and not any((tmp_path / "new").iterdir())
+
+
+def test_video_folder_that_is_a_file_is_refused(tmp_path, capsys, monkeypatch):
+    (tmp_path / "videos").write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        run_utils.check_writable(str(tmp_path / "videos" / "eval-episode-0.mp4"), "video")
+    assert exit_.value.code == 2 and "cannot write the video" in capsys.readouterr().err
+
+
+def adam_steps(optimizer, params, steps=3):
+    for _ in range(steps):
+        optimizer.zero_grad()
+        sum((p**2).sum() for p in params).backward()
+        optimizer.step()
+
+
+def test_ensemble_optimizer_state_is_the_plain_layout_and_back():
+    """Adam over two networks' parameters (a plain script) and over a stacked copy of them (a twin) take the same
+    steps; the twin's state written in the plain layout is the plain optimizer's, and it reads back unchanged."""
+    torch.manual_seed(0)
+    nets = [torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)]
+    stacked = from_modules(*copy.deepcopy(nets), as_module=True)
+    plain_params = [p for net in nets for p in net.parameters()]
+    plain_optimizer = torch.optim.Adam(plain_params, lr=0.1)
+    twin_optimizer = torch.optim.Adam(list(stacked.values(True, True)), lr=0.1)
+    adam_steps(plain_optimizer, plain_params)
+    adam_steps(twin_optimizer, list(stacked.values(True, True)))
+
+    for member, net in enumerate(nets):
+        assert_same_state(run_utils.network_state(stacked.data[member]), net.state_dict())
+    saved = run_utils.optimizer_state(twin_optimizer, members=2)
+    assert_same_state(saved, plain_optimizer.state_dict())
+    reloaded = torch.optim.Adam(list(stacked.values(True, True)), lr=0.1)
+    run_utils.load_optimizer_state(reloaded, saved, members=2)
+    assert_same_state(reloaded.state_dict(), twin_optimizer.state_dict())
+    run_utils.load_network_state(stacked.data[1], nets[0].state_dict())
+    assert_same_state(run_utils.network_state(stacked.data[1]), nets[0].state_dict())
+
+
+def test_optimizer_state_settings_are_swapped():
+    params = [torch.nn.Parameter(torch.ones(2))]
+    optimizer = torch.optim.Adam(params, lr=0.1, foreach=True)
+    adam_steps(optimizer, params)
+    saved = run_utils.optimizer_state(optimizer, foreach=None)
+    assert saved["param_groups"][0]["foreach"] is None
+    run_utils.load_optimizer_state(optimizer, saved, foreach=True)
+    assert optimizer.param_groups[0]["foreach"] is True
+
+
+def test_evaluate_plays_whole_episodes_and_stops_on_a_signal():
+    """CartPole gives 1 a step: the mean return is the mean episode length; a policy that always pushes left ends
+    each episode in about ten steps. A signal received stops the evaluation: no return."""
+    env = gym.make("CartPole-v1")
+    lengths = []
+
+    def act(obs):
+        lengths[-1] += 1
+        return 0
+
+    class Counting(gym.Wrapper):
+        def reset(self, **kwargs):
+            lengths.append(0)
+            return super().reset(**kwargs)
+
+    result = run_utils.evaluate(Counting(env), act, 3, seed=5, video_folder=None, stop_signals=[])
+    assert len(lengths) == 3  # a reset per episode
+    assert result == pytest.approx(np.mean(lengths)) and 5 < result < 20
+    assert run_utils.evaluate(gym.make("CartPole-v1"), lambda obs: 0, 3, 5, None, stop_signals=[2]) is None
+
+
+def test_evaluate_leaves_the_run_generators_as_they_were():
+    torch.manual_seed(3)
+    expected = torch.rand(1)
+    torch.manual_seed(3)
+    run_utils.evaluate(gym.make("CartPole-v1"), lambda obs: int(torch.rand(1) < 0.5), 1, 9, None, [])
+    assert torch.equal(torch.rand(1), expected)
+
+
+@pytest.mark.parametrize(
+    ("every", "steps_per_iteration", "due"),
+    [(0, 1, []), (3, 1, [3, 6, 9]), (100, 64, [128, 256, 320, 448, 512]), (64, 64, list(range(64, 640, 64)))],
+)
+def test_checkpoint_schedule(every, steps_per_iteration, due):
+    """After the iteration in which the step count reaches a multiple of --checkpoint-every, the last excepted."""
+    run = run_utils.Run.__new__(run_utils.Run)  # the schedule alone, without a run's checks and side effects
+    run.args, run.total = argparse.Namespace(checkpoint_every=every), 640 if steps_per_iteration > 1 else 10
+    steps = range(steps_per_iteration, run.total + 1, steps_per_iteration)
+    assert [step for step in steps if run.checkpoint_due(step, steps_per_iteration)] == due
+
+
+def test_rng_state_round_trip():
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    state = run_utils.rng_state()
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    random.seed(2), np.random.seed(2), torch.manual_seed(2)
+    run_utils.set_rng_state(state)
+    assert (random.random(), np.random.rand(), torch.rand(1)) == expected
+
+
+def test_a_mistake_is_one_line_and_status_2(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["some_script.py"])
+    with pytest.raises(SystemExit) as exit_:
+        run_utils.exit_with_error("--thing must be positive")
+    assert exit_.value.code == 2 and capsys.readouterr().err == "some_script.py: error: --thing must be positive\n"
