@@ -327,11 +327,8 @@ def evaluation_policy(checkpoint, env, device):
 
     def act(obs):
         with torch.no_grad():
-            return (
-                actor.get_action(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))[2][0]
-                .cpu()
-                .numpy()
-            )
+            obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
+            return actor.get_action(obs_tensor)[2][0].cpu().numpy()  # [2]: the mean action
 
     return act
 
