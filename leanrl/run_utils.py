@@ -98,11 +98,15 @@ def check_run_args(args):
 
 def check_writable(path, what):
     """Before the first step: a run that cannot write an output stops now, not after hours of training."""
-    folder = os.path.dirname(os.path.abspath(path))
+    folder = existing = os.path.dirname(os.path.abspath(path))
     try:
-        os.makedirs(folder, exist_ok=True)
         if os.path.isdir(path):
             raise IsADirectoryError(f"{path} is a directory")
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing):
+            raise NotADirectoryError(f"{existing} is a file, not a folder")
+        os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, f".leanrl-write-test-{os.getpid()}"), "w"):
             pass
         os.remove(os.path.join(folder, f".leanrl-write-test-{os.getpid()}"))
