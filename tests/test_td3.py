@@ -4,7 +4,6 @@ Everything goes through the scripts' stable interface: Args, build_td3 and the n
 command line, the `episode_returns` global of a run, the --results-path JSON line, and exit statuses.
 """
 
-import signal
 import statistics
 
 import numpy as np
@@ -18,24 +17,12 @@ from conftest import (
     assert_changed,
     assert_leaves_close,
     check_args_of_the_pair_match,
-    check_bad_checkpoints_are_refused,
-    check_bad_input,
-    check_bad_input_in_process,
-    check_checkpoints_load_across_the_pair,
     check_every_flag_has_a_docstring_shown_by_help,
-    check_plain_results_line_is_appended,
-    check_resume_continues_the_run,
-    check_same_seed_same_returns,
-    check_signal_stops_the_run,
-    check_twin_runs_with_cudagraphs_on_cuda,
-    check_twin_runs_with_every_flag_combination,
-    check_video_of_the_evaluation,
     learning_run_returns,
     leaves,
     load_script,
     random_batch,
     requires_cuda,
-    run_in_process,
     sync_,
 )
 from tensordict import TensorDict
@@ -352,94 +339,4 @@ def test_every_flag_has_a_docstring_shown_by_help(name):
     check_every_flag_has_a_docstring_shown_by_help(name)
 
 
-# --- 5. Bad input -------------------------------------------------------------------------------------------------
-
-BAD_INPUTS = {
-    "unknown-env": (("--env-id", "NoSuchEnv-v0"), ("NoSuchEnv",)),
-    "negative-seed": (("--seed", "-1"), ("seed", "-1")),
-    "discrete-env": (("--env-id", "CartPole-v1"), ("CartPole-v1",)),
-    "zero-steps": (("--env-id", "Pendulum-v1", "--total-timesteps", "0"), ("total-timesteps",)),
-    "batch-over-buffer": (
-        ("--env-id", "Pendulum-v1", "--batch-size", "512", "--buffer-size", "256"),
-        ("batch-size", "buffer-size"),
-    ),
-    "negative-noise": (("--env-id", "Pendulum-v1", "--exploration-noise", "-0.1"), ("exploration-noise",)),
-    "checkpoint-every-without-save": (("--env-id", "Pendulum-v1", "--checkpoint-every", "100"), ("save-model",)),
-    "video-without-save": (("--env-id", "Pendulum-v1", "--capture-video"), ("save-model",)),
-    "negative-eval-episodes": (("--env-id", "Pendulum-v1", "--eval-episodes", "-1"), ("eval-episodes",)),
-}
-
-
-@pytest.mark.parametrize("case", BAD_INPUTS)
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path, capsys):
-    flags, expected_words = BAD_INPUTS[case]
-    check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys)
-
-
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_bad_input_from_the_command_line(name, tmp_path):
-    """One case as a user meets it, in a subprocess: one line, exit status 2, no traceback."""
-    flags, expected_words = BAD_INPUTS["unknown-env"]
-    check_bad_input(name, flags, expected_words, tmp_path)
-
-
-# --- 6. Determinism -----------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_same_seed_same_returns(name):
-    check_same_seed_same_returns(name)
-
-
-# --- 7 and 8. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA -----------------
-
-
-def test_plain_results_line_is_appended(tmp_path):
-    check_plain_results_line_is_appended(PLAIN, "td3", tmp_path)
-
-
-def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
-    check_twin_runs_with_every_flag_combination(TWIN, "td3", tmp_path)
-
-
-@requires_cuda
-def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
-    check_twin_runs_with_cudagraphs_on_cuda(TWIN, "td3", tmp_path)
-
-
-# --- 9. Checkpoints: resume, evaluation across the pair, interruption, video, refused checkpoints --------------
-
-TINY_FLAGS = ("--env-id", "Pendulum-v1", "--learning-starts", "100", "--batch-size", "32")
-
-
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_resume_continues_the_run(name, tmp_path, saved_checkpoints):
-    check_resume_continues_the_run(name, TINY_FLAGS, tmp_path, saved_checkpoints, steps=500, same_as_shorter_run=True)
-
-
-def test_checkpoints_load_across_the_pair(tmp_path):
-    check_checkpoints_load_across_the_pair(PLAIN, TWIN, (*TINY_FLAGS, "--total-timesteps", "300"), tmp_path)
-
-
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_bad_checkpoints_are_refused(name, tmp_path, capsys):
-    flags = (*TINY_FLAGS, "--total-timesteps", "150")
-    for script, checkpoint in ((name, "agent.pt"), ("sac_continuous_action", "other_algo.pt")):
-        run_in_process(script, *flags, "--save-model", "--model-path", tmp_path / checkpoint, "--eval-episodes", "0")
-    check_bad_checkpoints_are_refused(
-        name, flags, tmp_path / "agent.pt", tmp_path / "other_algo.pt", ("--gamma", "0.9"), tmp_path, capsys
-    )
-
-
-def test_video_of_the_evaluation(tmp_path):
-    check_video_of_the_evaluation(TWIN, ("--learning-starts", "100", "--batch-size", "32", "--total-timesteps", "200"),
-                                  tmp_path)  # fmt: skip
-
-
-# The two scripts share the handler and the loop's exit: one signal each.
-@pytest.mark.parametrize(
-    ("name", "signum"), [(PLAIN, signal.SIGINT), (TWIN, signal.SIGTERM)], ids=["SIGINT", "SIGTERM"]
-)
-def test_signal_stops_the_run_with_a_checkpoint(name, signum, tmp_path):
-    check_signal_stops_the_run(name, TINY_FLAGS, signum, tmp_path)
+# Bad input, determinism, the results line, flag combinations, checkpoints, video and signals: test_sac_td3_runs.py.
