@@ -415,7 +415,7 @@ class Run:
                           file=sys.stderr)  # fmt: skip
                 sys.exit(1)
         self.update_sps(global_step)
-        if not hasattr(self.pbar, "iterable") or self.pbar.iterable is None:
+        if self.pbar.iterable is None:  # a progress() bar: the loop does not move it
             self.pbar.update(global_step - self.pbar.n)
         mean_return = np.mean(self.recent_returns) if self.recent_returns else float("nan")
         self.pbar.set_postfix(sps=f"{self.sps or 0:.0f}", ret=f"{mean_return:.1f}", refresh=False)
