@@ -1,9 +1,11 @@
-"""Learning curves: does a script reach the published returns? Runs it over seeds, records every episode's env step
-and return, and plots the return against env steps with the published figures for its algorithm and env.
+"""Learning curves: does a script reach the published returns, and how soon? Runs it over seeds, records every
+episode's env step, return and wall-clock time, and plots the return against env steps with the published figures
+for its algorithm and env, and against wall-clock time.
 
     OMP_NUM_THREADS=1 python benchmarks/learning_curves.py run --script sac_continuous_action_torchcompile \\
         --seeds 1 2 --out docs/curves/sac -- --compile --total-timesteps 300000
-    python benchmarks/learning_curves.py plot docs/curves/sac docs/curves/sac_plain --out docs/curves/sac.png
+    python benchmarks/learning_curves.py plot docs/curves/sac docs/curves/sac_plain --out docs/curves/sac.png \\
+        --reach 5000
 
 run: a script of leanrl/ (by name, or the path of a .py file) with the flags after `--`, once per seed, each run in a
 child process (`record` below), one after another: a crash or a Ctrl-C loses that run only. A finished run's record
@@ -27,19 +29,29 @@ torchrun (its record's name ends in _worldN_seed<S>.json); such a run is neither
 
 record: one run in this process (what `run` starts per seed; under torchrun, one per rank). The script's `__main__`
 runs unchanged; the envs it makes with gymnasium.make (alone or in a SyncVectorEnv) or envpool.make (Atari) are
-wrapped so that each finished episode is logged with its return and the env steps done by then, counting every env
-of a vector env (the x axis of the curves). The logged returns must be the script's own (`run.episode_returns`), or
-no record is written: the curve is the script's report, step-stamped. In a world of N processes each rank logs its
-own envs, a game's step is the global step count (every rank steps in lockstep), and rank 0 puts the games of all
-ranks in the order the script reports them before that check. For an Atari game (envpool), --random-games games of
-a uniformly random policy are played with the script's env settings: the baseline. A record holds the command,
-machine, torch version, budget, episodes, random policy's scores, wall time.
+wrapped so that each finished episode is logged with its return, the env steps done by then, counting every env of a
+vector env (the x axis of the curves), and the run's wall-clock seconds by then, from its start: the earlier sittings
+of a resumed run are counted, the time between them not; in a world of processes, each rank's own clock. An episode
+is [step, return, seconds]; records written before have [step, return]. The logged returns must be the script's own
+(`run.episode_returns`), or no record is written: the curve is the script's report, step-stamped. In a world of N
+processes each rank logs its own envs, a game's step is the global step count (every rank steps in lockstep), and
+rank 0 puts the games of all ranks in the order the script reports them before that check. For an Atari game
+(envpool), --random-games games of a uniformly random policy are played with the script's env settings: the
+baseline. A record holds the command, machine, torch version, budget, episodes, random policy's scores, wall time
+(wall_seconds, on the episodes' clock).
 
 plot: the records of one or more folders, one panel per algorithm and env, one curve per script, flags and world
 size (folders of earlier runs side by side compare them): the mean over seeds of the mean return of the last
 --window training episodes, with a band of one standard deviation over seeds; the published figures for that
-algorithm and env are points with their spread, the random policy's mean score a dashed line. Writes the PNG and,
-beside it, a markdown table (same name, .md): ours against each published figure at its step, and the commands.
+algorithm and env are points with their spread, the random policy's mean score a dashed line. Beside each panel, the
+return against wall-clock time (minutes, or hours for a run over 2 hours): a curve per seed, the mean return of the
+last --window episodes at each episode's end, in its run's colour; seeds are not averaged, as they end at different
+times. A record without times is left out of that axes, and its legend says so. Writes the PNG and, beside it, a
+markdown table (same name, .md): ours against each published figure at its step, and the commands.
+With --reach R the table has a section per panel: for each run and seed, the wall-clock minutes and the env step at
+the end of the first episode at which the mean return of the last --window episodes is R or more (once --window
+episodes have ended), and their mean over seeds; a seed that never reaches R is "not reached", with its run's end.
+A record without times gives the step only.
 """
 
 import argparse
@@ -77,6 +89,7 @@ ALGOS = {
     "ppo_atari_envpool": "ppo_atari",
     "ppo_atari_envpool_distributed": "ppo_atari",  # in any world size
 }
+COLORS = plt.get_cmap("tab10").colors  # a run's colour, on both axes of its panel
 RECORD_FIELDS = {"script", "script_path", "algo", "env_id", "seed", "flags", "total_timesteps", "steps", "episodes"}
 
 # --- Published figures ------------------------------------------------------------------------------------------
@@ -204,7 +217,8 @@ def read_record(path):
 
 
 class EpisodeLog:
-    """The finished episodes of one env that steps (a single env, a vector env, an envpool env): (steps, return)."""
+    """The finished episodes of one env that steps (a single env, a vector env, an envpool env): (steps, return,
+    seconds), seconds being the run's wall-clock time when the episode ended (earlier sittings of it included)."""
 
     def __init__(self):
         self.steps = 0  # env steps made so far, every env of a vector env counted
@@ -214,10 +228,12 @@ class EpisodeLog:
 class Recording:
     """Every env a run makes, logged apart: the training env is the one whose returns are the script's
     `run.episode_returns` (an evaluation env, made beside it, keeps its own log and its own step count).
-    start_step: the steps done before this process (a resumed run), where the step counts start."""
+    start_step: the steps done before this process (a resumed run), where the step counts start; seconds_before: the
+    wall-clock seconds of its earlier sittings, where its clock starts."""
 
-    def __init__(self, start_step=0):
+    def __init__(self, start_step=0, seconds_before=0.0):
         self.logs = []
+        self.started = time.perf_counter() - seconds_before
         self.vector_log = None  # while a vector env steps, the log its envs' episodes go to
         self.start_step = start_step
         self.remake = None  # an Atari script's last envpool.make(**changes), unwrapped: the random policy's envs
@@ -226,6 +242,9 @@ class Recording:
         self.logs.append(EpisodeLog())
         self.logs[-1].steps = self.start_step
         return self.logs[-1]
+
+    def seconds(self):
+        return time.perf_counter() - self.started
 
 
 class EpisodeRecorder(gym.Wrapper):
@@ -250,7 +269,7 @@ class EpisodeRecorder(gym.Wrapper):
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.episode_return += float(reward)
         if terminated or truncated:
-            log.episodes.append((log.steps, self.episode_return))
+            log.episodes.append((log.steps, self.episode_return, self.recording.seconds()))
         return obs, reward, terminated, truncated, info
 
 
@@ -260,6 +279,7 @@ class GameRecorder:
 
     def __init__(self, envs, recording):
         self.envs = envs
+        self.recording = recording
         self.log = recording.new_log()
         self.scores = np.zeros(envs.config["num_envs"])
 
@@ -271,14 +291,14 @@ class GameRecorder:
         obs, reward, terminated, truncated, info = self.envs.step(action)
         self.scores += info["reward"]
         for index in np.flatnonzero(info["terminated"].astype(bool) | truncated):
-            self.log.episodes.append((self.log.steps, float(self.scores[index])))
+            self.log.episodes.append((self.log.steps, float(self.scores[index]), self.recording.seconds()))
             self.scores[index] = 0.0
         return obs, reward, terminated, truncated, info
 
 
-def start_recording(script_source, start_step=0):
+def start_recording(script_source, start_step=0, seconds_before=0.0):
     """Wraps the env constructors of gymnasium (and of envpool, for a script that imports it), for this process."""
-    recording = Recording(start_step)
+    recording = Recording(start_step, seconds_before)
     real_make, real_vector_step = gym.make, gym.vector.SyncVectorEnv.step
 
     def vector_step(envs, actions):
@@ -313,7 +333,7 @@ def random_policy_returns(remake, games, seed):
     rng = np.random.default_rng(seed)
     while len(envs.log.episodes) < games:
         envs.step(rng.integers(envs.action_space.n, size=8))
-    return [score for _, score in envs.log.episodes[:games]]
+    return [episode[1] for episode in envs.log.episodes[:games]]
 
 
 def partial_paths(out):
@@ -337,9 +357,11 @@ def in_reported_order(episodes_by_rank, world_size, rollout_steps):
     """The episodes of every rank of a distributed run in the order the script reports them (an iteration's rank by
     rank, each rank's in the order they ended), stamped with the global step count: a rank's steps times the world
     size (the ranks step together, each with num_envs / world size envs)."""
-    episodes = [(rank, steps * world_size, ret) for rank, ranks in enumerate(episodes_by_rank) for steps, ret in ranks]
+    episodes = [
+        (rank, steps * world_size, *rest) for rank, ranks in enumerate(episodes_by_rank) for steps, *rest in ranks
+    ]
     episodes.sort(key=lambda episode: ((episode[1] - 1) // rollout_steps, episode[0]))  # stable: a rank's order stays
-    return [[steps, ret] for _, steps, ret in episodes]
+    return [list(episode[1:]) for episode in episodes]
 
 
 def record_run(script, flags, options):
@@ -374,9 +396,9 @@ def record_run(script, flags, options):
             say(f"seed {seed}: resumed at step {step} from {model}")
     start_step = before["resumed_at"][-1] if before["resumed_at"] else 0
     sys.path.insert(0, str(script.parent))  # scripts import run_utils from their folder
-    recording = start_recording(script.read_text(), start_step)  # this process ends with the run: nothing to undo
+    # This process ends with the run: nothing to undo.
+    recording = start_recording(script.read_text(), start_step, before["wall_seconds"])
     sys.argv = [str(script), *flags, "--seed", str(seed), *checkpoint_flags]
-    start = time.perf_counter()
 
     real_save = torch.save
 
@@ -385,8 +407,7 @@ def record_run(script, flags, options):
         if isinstance(obj, dict) and "global_step" in obj:  # the script's checkpoint: the episodes go with it
             log = max(recording.logs, key=lambda log: log.steps)  # the training env's: the one that stepped most
             episodes = before["episodes"] + log.episodes
-            wall_seconds = before["wall_seconds"] + time.perf_counter() - start
-            partial.write_text(json.dumps({**before, "episodes": episodes, "wall_seconds": wall_seconds}))
+            partial.write_text(json.dumps({**before, "episodes": episodes, "wall_seconds": recording.seconds()}))
 
     torch.save = save_with_episodes
     try:
@@ -396,7 +417,7 @@ def record_run(script, flags, options):
     except SystemExit as exit_:  # a distributed script's ranks other than 0 leave through sys.exit(0) at its end
         if exit_.code or rank == 0:
             raise
-    wall_seconds = before["wall_seconds"] + time.perf_counter() - start
+    wall_seconds = recording.seconds()  # the clock of the episodes' seconds, earlier sittings included
     if rank != 0:  # its episodes go to rank 0, which has the script's returns
         log = max(recording.logs, key=lambda log: log.steps)  # the training env's (rank 0 alone evaluates)
         write_atomically(rank_file(out, rank), json.dumps(log.episodes))
@@ -417,7 +438,9 @@ def record_run(script, flags, options):
         rollout_steps = args.num_envs * args.num_steps
         logs = [(steps * world_size, in_reported_order([episodes, *others], world_size, rollout_steps))
                 for steps, episodes in logs]  # fmt: skip
-    matching = [(steps, episodes) for steps, episodes in logs if [ret for _, ret in episodes] == run.episode_returns]
+    matching = [
+        (steps, episodes) for steps, episodes in logs if [episode[1] for episode in episodes] == run.episode_returns
+    ]
     if not matching:
         fail(
             f"no env's episodes are the {len(run.episode_returns)} returns of the script's run.episode_returns (does "
@@ -566,7 +589,7 @@ def read_folders(folders):
 
 def recent_means(episodes, steps, count):
     """At each of `steps`, the mean return of the last `count` episodes that ended at or before it (nan: none yet)."""
-    ends, returns = np.array(episodes, dtype=float).reshape(-1, 2).T
+    ends, returns = np.array([episode[:2] for episode in episodes], dtype=float).reshape(-1, 2).T
     sums = np.concatenate([[0.0], np.cumsum(returns)])
     done = np.searchsorted(ends, steps, side="right")
     first = np.maximum(done - count, 0)
@@ -592,51 +615,114 @@ def random_policy(runs):
     return [score for records in runs.values() for record in records for score in record["random_policy_returns"] or []]
 
 
-def figure(panels, window):
-    """One panel per (algorithm, env): a curve per script, flags and world size, the published figures as points,
-    the random policy's mean score as a dashed line."""
-    ncols = min(2, len(panels))
-    nrows = math.ceil(len(panels) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(7 * ncols, 6 * nrows), squeeze=False, layout="constrained")
-    for ax, ((algo, env_id), runs) in zip(axes.flat, panels.items(), strict=False):
-        for color, (run, records) in zip(plt.get_cmap("tab10").colors, runs.items(), strict=False):
-            grid = np.linspace(0, min(record["steps"] for record in records), 400)
-            curves = np.array([recent_means(record["episodes"], grid, window) for record in records])
-            mean, spread = curves.mean(axis=0), curves.std(axis=0)
-            seeds = ", ".join(str(record["seed"]) for record in records)
-            label = f"{run_name(*run)} (seed{'s' * (len(records) > 1)} {seeds})"
-            label = textwrap.fill(label, 100)  # a long line of flags would widen the legend and squeeze the axes
-            ax.plot(grid, mean, color=color, label=label)
-            ax.fill_between(grid, mean - spread, mean + spread, color=color, alpha=0.2, linewidth=0)
-        # One errorbar per source and env (a legend entry each): circles for training episodes, diamonds for evaluation.
-        groups = {}
-        for reference in references(algo, env_id):
-            key = (reference.source, reference.env_id, reference.kind, reference.seeds)
-            groups.setdefault(key, []).append(reference)
-        for index, ((source, ref_env, kind, seeds), points) in enumerate(groups.items()):
-            ax.errorbar(
-                [point.step for point in points],
-                [point.value for point in points],
-                yerr=[point.spread for point in points],
-                fmt="o" if kind == TRAINING else "D",
-                color=("black", "dimgray", "gray", "darkgray")[index % 4],
-                capsize=4,
-                label=f"{source}, {ref_env}: {kind}, {seeds} seeds",
-            )
-        scores = random_policy(runs)
-        if scores:
-            ax.axhline(np.mean(scores), color="tab:red", ls="--", label=f"random policy ({len(scores)} games)")
-        ax.set_title(f"{algo} on {env_id}")
-        ax.set_xlabel("environment steps (all envs)")
-        ax.set_ylabel("episode return")
-        ax.xaxis.set_major_formatter(EngFormatter())
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.14))  # below: the curves stay visible
-    for ax in axes.flat[len(panels) :]:
-        ax.axis("off")
+def timed(record):
+    """Whether every episode of a record carries the wall-clock seconds it ended at (records written before the tool
+    recorded them, and runs begun before and resumed after, do not)."""
+    return all(len(episode) > 2 for episode in record["episodes"])
+
+
+def time_curve(episodes, count):
+    """A seed's curve against wall-clock time: at each episode's end, its seconds and the mean return of the last
+    `count` episodes by then (of fewer before `count` have ended, as on the steps axes)."""
+    _, returns, seconds = np.array([episode[:3] for episode in episodes], dtype=float).reshape(-1, 3).T
+    sums = np.concatenate([[0.0], np.cumsum(returns)])
+    done = np.arange(1, len(returns) + 1)
+    first = np.maximum(done - count, 0)
+    return seconds, (sums[done] - sums[first]) / (done - first)
+
+
+def time_unit(runs):
+    """(seconds per unit, unit) of a panel's time axis: hours where its longest run with times lasts over 2 hours,
+    minutes otherwise."""
+    longest = max(
+        (record["wall_seconds"] for records in runs.values() for record in records if timed(record)), default=0
+    )
+    return (3600, "hours") if longest > 2 * 3600 else (60, "minutes")
+
+
+def steps_axes(ax, algo, env_id, runs, window, reach):
+    """Return against env steps: a curve per run (the mean over seeds, a band of one std), the published figures as
+    points, the random policy's mean score as a dashed line."""
+    for color, (run, records) in zip(COLORS, runs.items(), strict=False):
+        grid = np.linspace(0, min(record["steps"] for record in records), 400)
+        curves = np.array([recent_means(record["episodes"], grid, window) for record in records])
+        mean, spread = curves.mean(axis=0), curves.std(axis=0)
+        seeds = ", ".join(str(record["seed"]) for record in records)
+        label = f"{run_name(*run)} (seed{'s' * (len(records) > 1)} {seeds})"
+        label = textwrap.fill(label, 100)  # a long line of flags would widen the legend and squeeze the axes
+        ax.plot(grid, mean, color=color, label=label)
+        ax.fill_between(grid, mean - spread, mean + spread, color=color, alpha=0.2, linewidth=0)
+    # One errorbar per source and env (a legend entry each): circles for training episodes, diamonds for evaluation.
+    groups = {}
+    for reference in references(algo, env_id):
+        key = (reference.source, reference.env_id, reference.kind, reference.seeds)
+        groups.setdefault(key, []).append(reference)
+    for index, ((source, ref_env, kind, seeds), points) in enumerate(groups.items()):
+        ax.errorbar(
+            [point.step for point in points],
+            [point.value for point in points],
+            yerr=[point.spread for point in points],
+            fmt="o" if kind == TRAINING else "D",
+            color=("black", "dimgray", "gray", "darkgray")[index % 4],
+            capsize=4,
+            label=f"{source}, {ref_env}: {kind}, {seeds} seeds",
+        )
+    scores = random_policy(runs)
+    if scores:
+        ax.axhline(np.mean(scores), color="tab:red", ls="--", label=f"random policy ({len(scores)} games)")
+    if reach is not None:
+        ax.axhline(reach, color="tab:green", ls=":", label=f"--reach {reach:g}")
+    ax.set_title(f"{algo} on {env_id}")
+    ax.set_xlabel("environment steps (all envs)")
+    ax.set_ylabel("episode return")
+    ax.xaxis.set_major_formatter(EngFormatter())
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.14))  # below: the curves stay visible
+
+
+def time_axes(ax, algo, env_id, runs, window, reach):
+    """Return against wall-clock time: a curve per seed, in its run's colour (seeds end at different times, so they
+    are not averaged); a record without times is left out, and a legend line says which."""
+    ax.set_title(f"{algo} on {env_id}, against wall-clock time")
+    for run, records in runs.items():
+        untimed = [str(record["seed"]) for record in records if not timed(record)]
+        if untimed:
+            label = f"left out, no wall-clock times recorded: {run_name(*run)} (seed{'s' * (len(untimed) > 1)} "
+            ax.plot([], [], " ", label=textwrap.fill(f"{label}{', '.join(untimed)})", 100))
+    if not any(timed(record) for records in runs.values() for record in records):
+        ax.text(0.5, 0.5, "no record here has wall-clock times", transform=ax.transAxes, ha="center", va="center")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.14))
+        return
+    per_unit, unit = time_unit(runs)
+    for color, records in zip(COLORS, runs.values(), strict=False):
+        for record in filter(timed, records):
+            seconds, means = time_curve(record["episodes"], window)
+            ax.plot(seconds / per_unit, means, color=color, linewidth=1, drawstyle="steps-post")  # as on the left
+    scores = random_policy(runs)
+    if scores:
+        ax.axhline(np.mean(scores), color="tab:red", ls="--", label=f"random policy ({len(scores)} games)")
+    if reach is not None:
+        ax.axhline(reach, color="tab:green", ls=":", label=f"--reach {reach:g}")
+    ax.set_xlim(left=0)
+    ax.set_xlabel(f"wall-clock time of the run ({unit}), earlier sittings included")
+    ax.set_ylabel("episode return")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.14))
+
+
+def figure(panels, window, reach=None):
+    """A row per (algorithm, env): its return against env steps, and beside it against wall-clock time."""
+    fig, axes = plt.subplots(len(panels), 2, figsize=(14, 6 * len(panels)), squeeze=False, layout="constrained")
+    for (left, right), ((algo, env_id), runs) in zip(axes, panels.items(), strict=True):
+        steps_axes(left, algo, env_id, runs, window, reach)
+        time_axes(right, algo, env_id, runs, window, reach)
     fig.suptitle(
-        f"Return of training episodes, per seed the mean of the last {window}: line, mean over seeds; band, ± 1 std\n"
-        "points: published figures, ± 1 std over their seeds",
+        f"Return of training episodes, per seed the mean of the last {window}; left: against env steps, line, mean "
+        "over seeds; band, ± 1 std; points: published figures, ± 1 std over their seeds\n"
+        "right: against wall-clock time, a line per seed, in its run's colour on the left",
         fontsize=10,
     )
     return fig
@@ -655,6 +741,45 @@ def ours(records, step, count):
     return f"{np.mean(values):.1f}{spread}", per_seed
 
 
+def first_reach(record, value, count):
+    """(env step, seconds) at the end of the first episode at which the mean return of the last `count` episodes is
+    `value` or more, counted once `count` episodes have ended; seconds None for a record without times; None if
+    never."""
+    episodes = record["episodes"]
+    if len(episodes) < count:
+        return None
+    returns = np.array([episode[1] for episode in episodes], dtype=float)
+    hits = np.flatnonzero(np.lib.stride_tricks.sliding_window_view(returns, count).mean(axis=1) >= value)
+    if not hits.size:
+        return None
+    episode = episodes[hits[0] + count - 1]
+    return episode[0], episode[2] if timed(record) else None
+
+
+def reach_rows(runs, value, count):
+    """Per run and seed, the wall-clock minutes and env step at which it first reaches `value`, then their mean over
+    the seeds."""
+    lines = [row("run", "seed", "minutes", "env step"), "|---" * 4 + "|"]
+    for run_key, records in runs.items():
+        run = f"`{run_name(*run_key)}`"
+        reaches = [first_reach(record, value, count) for record in records]
+        for record, reach in zip(records, reaches, strict=True):
+            if reach is None:
+                end = f"not reached (run ends at {record['steps']:,} steps, {record['wall_seconds'] / 60:.1f} min)"
+                lines.append(row(run, str(record["seed"]), end, "–"))
+            else:
+                minutes = "–" if reach[1] is None else f"{reach[1] / 60:.1f}"
+                lines.append(row(run, str(record["seed"]), minutes, f"{reach[0]:,}"))
+        if None in reaches:
+            reaching = len(reaches) - reaches.count(None)
+            lines.append(row(run, "mean", f"{reaching} of {len(reaches)} seeds reach it", "–"))
+        else:
+            seconds = [seconds for _, seconds in reaches]
+            minutes = "–" if None in seconds else f"{np.mean(seconds) / 60:.1f}"
+            lines.append(row(run, "mean", minutes, f"{np.mean([step for step, _ in reaches]):,.0f}"))
+    return lines
+
+
 def run_command(script_path, flags, world_size, records):
     """The command that makes these records, all in one folder (a rerun skips them and runs any seed missing)."""
     threads = {record["omp_num_threads"] for record in records}
@@ -671,7 +796,7 @@ def row(*cells):
     return "| " + " | ".join(cells) + " |"
 
 
-def table(panels, window, image, plot_command):
+def table(panels, window, image, plot_command, reach=None):
     lines = [
         "# Learning curves against the published returns",
         "",
@@ -684,6 +809,14 @@ def table(panels, window, image, plot_command):
         "on the env version named in the source column.",
         "",
     ]
+    if reach is not None:
+        lines += [
+            f"When the return reaches {reach:g}: per seed, the wall-clock minutes of the run (compile time and earlier "
+            "sittings of a resumed run included) and the env step at the end of the first training episode at which "
+            f"the mean return of the last {window} is {reach:g} or more, then their mean over seeds. A record written "
+            "before the tool recorded times gives the step only.",
+            "",
+        ]
     for (algo, env_id), runs in panels.items():
         published = references(algo, env_id)
         lines += [f"## {algo} on {env_id}", ""]
@@ -708,6 +841,13 @@ def table(panels, window, image, plot_command):
         scores = random_policy(runs)
         if scores:
             lines += ["", f"A uniformly random policy scores {np.mean(scores):.2f} over {len(scores)} games."]
+        if reach is not None:
+            lines += [
+                "",
+                f"### {algo} on {env_id}: when the return reaches {reach:g}",
+                "",
+                *reach_rows(runs, reach, window),
+            ]
         lines.append("")
 
     lines += ["## Commands", ""]
@@ -727,14 +867,14 @@ def table(panels, window, image, plot_command):
     return "\n".join(lines)
 
 
-def plot(folders, out, window):
+def plot(folders, out, window, reach):
     panels = read_folders(folders)
-    fig = figure(panels, window)
+    fig = figure(panels, window, reach)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
     plot_command = f"python {TOOL} plot {shlex.join(sys.argv[2:])}"
-    out.with_suffix(".md").write_text(table(panels, window, out.name, plot_command))
+    out.with_suffix(".md").write_text(table(panels, window, out.name, plot_command, reach))
     say(f"plot: {out}; table: {out.with_suffix('.md')}")
 
 
@@ -766,6 +906,9 @@ def main():
     draw.add_argument("folders", type=Path, nargs="+")
     draw.add_argument("--out", type=Path, help="the PNG, the table beside it (default: FIRST_FOLDER/curves.png)")
     draw.add_argument("--window", type=int, default=20, help="training episodes averaged per point (default 20)")
+    draw.add_argument(
+        "--reach", type=float, help="a return: the table gives the minutes and steps each run takes to it"
+    )
     args = parser.parse_args(argv)
 
     if args.command == "run":
@@ -777,7 +920,9 @@ def main():
             fail("plot takes no script flags")
         if args.window <= 0:
             fail(f"--window must be positive, got {args.window}")
-        plot(args.folders, args.out or args.folders[0] / "curves.png", args.window)
+        if args.reach is not None and not math.isfinite(args.reach):
+            fail(f"--reach must be a finite return, got {args.reach}")
+        plot(args.folders, args.out or args.folders[0] / "curves.png", args.window, args.reach)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -344,9 +344,12 @@ class Run:
         if (checkpoint["env_id"], checkpoint["seed"]) != (args.env_id, args.seed):
             exit_with_error(f"{path} is a run on {checkpoint['env_id']} with seed {checkpoint['seed']}, "
                             f"not on {args.env_id} with seed {args.seed}")  # fmt: skip
+        # A checkpoint older than one of the hyper-parameters was made with its default (the flag did not exist).
+        defaults = {field.name: field.default for field in fields(args)}
+        saved = {**{name: defaults[name] for name in self.hyperparameters}, **checkpoint["hyperparameters"]}
         changed = [
             f"--{name.replace('_', '-')} {value} (checkpoint) vs {getattr(args, name)}"
-            for name, value in checkpoint["hyperparameters"].items()
+            for name, value in saved.items()
             if getattr(args, name) != value
         ]
         if changed:
@@ -371,11 +374,13 @@ class Run:
         torch.save(checkpoint, self.model_path + ".tmp")
         os.replace(self.model_path + ".tmp", self.model_path)
 
-    def steps(self, start, total):
-        """The steps of a loop that makes one env step at a time, under the progress bar."""
-        self.total = total
-        self.pbar = tqdm.tqdm(range(start, total), desc=self.script, mininterval=1.0, initial=start, total=total)
-        return self.pbar
+    def steps(self, start, total, per_iteration=1):
+        """The steps of a loop that makes per_iteration env steps at a time (one per env), under the progress bar;
+        the last iteration may pass total by fewer than per_iteration steps."""
+        self.progress(start, total)
+        for step in range(start, total, per_iteration):
+            yield step
+            self.pbar.update(per_iteration)
 
     def progress(self, start, total):
         """The progress bar of a loop of iterations of many steps: log() moves it."""
@@ -384,10 +389,11 @@ class Run:
 
     def clock(self, iteration, train_iteration, measure_iteration, global_step=None):
         """At the top of each iteration: the warm-up clock (compile time) starts at the first training iteration,
-        the sps clock measure_burnin iterations later, at global_step (default: the iteration is the step)."""
-        if iteration == train_iteration:
+        the sps clock measure_burnin iterations later, at global_step (default: the iteration is the step). A loop
+        whose iterations count several steps starts each clock at the first iteration at or past its mark."""
+        if self.train_start is None and iteration >= train_iteration:
             self.train_start = time.perf_counter()
-        if iteration == measure_iteration:
+        if self.measure_start is None and iteration >= measure_iteration:
             self.measure_start = time.perf_counter()
             self.measure_start_step = iteration if global_step is None else global_step
             self.compile_seconds = self.measure_start - self.train_start
@@ -415,8 +421,7 @@ class Run:
                           file=sys.stderr)  # fmt: skip
                 sys.exit(1)
         self.update_sps(global_step)
-        if self.pbar.iterable is None:  # a progress() bar: the loop does not move it
-            self.pbar.update(global_step - self.pbar.n)
+        self.pbar.update(global_step - self.pbar.n)  # a loop of many steps an iteration moves its bar here
         mean_return = np.mean(self.recent_returns) if self.recent_returns else float("nan")
         self.pbar.set_postfix(sps=f"{self.sps or 0:.0f}", ret=f"{mean_return:.1f}", refresh=False)
         if self.wandb:

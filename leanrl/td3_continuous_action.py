@@ -20,13 +20,17 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     env_id: str = "HalfCheetah-v5"
     """the id of the environment (a gymnasium id with a bounded continuous action space)"""
     total_timesteps: int = 1000000
-    """total timesteps of the experiment"""
+    """total env steps of the experiment, every env's counted (rounded up to a multiple of num_envs)"""
     eval_episodes: int = 10
     """episodes of the saved agent's deterministic policy (no noise) on a fresh env after training"""
     learning_rate: float = 3e-4
     """the learning rate of the actor and Q network optimizers"""
+    num_envs: int = 1
+    """the number of environments stepped together, one transition each per iteration"""
+    gradient_steps: int = 1
+    """gradient steps (critic updates, each on its own batch) per iteration"""
     buffer_size: int = int(1e6)
-    """the replay memory buffer size"""
+    """the replay memory buffer size, in transitions (env steps)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     tau: float = 0.005
@@ -38,30 +42,35 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     exploration_noise: float = 0.1
     """the scale of the exploration noise (times the action scale)"""
     learning_starts: int = 25000
-    """timestep to start learning"""
+    """the env step (every env's counted) to start learning"""
     policy_frequency: int = 2
-    """the frequency of training the policy and updating the target networks (delayed), in critic updates"""
+    """the frequency of training the policy and updating the target networks (delayed), in gradient steps"""
     noise_clip: float = 0.5
     """noise clip parameter of the target policy smoothing regularization"""
 
 
 LOG_EVERY = 100  # steps between progress-bar updates, logging and the non-finite loss check
 # What makes the agent: a checkpoint made with other values of these is refused by --resume.
-HYPERPARAMETERS = ("learning_rate", "buffer_size", "gamma", "tau", "batch_size", "policy_noise", "exploration_noise",
+HYPERPARAMETERS = ("num_envs", "gradient_steps", "learning_rate", "buffer_size", "gamma", "tau", "batch_size", "policy_noise", "exploration_noise",
                    "learning_starts", "policy_frequency", "noise_clip")  # fmt: skip
 
 
 def check_args(args):
-    run_utils.check_positive(args, "total_timesteps", "buffer_size", "batch_size", "policy_frequency")
+    run_utils.check_positive(
+        args, "total_timesteps", "num_envs", "gradient_steps", "buffer_size", "batch_size", "policy_frequency"
+    )
     if args.learning_starts < 0 or args.measure_burnin < 0:
         run_utils.exit_with_error("--learning-starts and --measure-burnin must not be negative")
     if min(args.policy_noise, args.exploration_noise, args.noise_clip) < 0:
         run_utils.exit_with_error("--policy-noise, --exploration-noise and --noise-clip must not be negative")
     if args.batch_size > args.buffer_size:
         run_utils.exit_with_error(f"--batch-size ({args.batch_size}) is larger than --buffer-size ({args.buffer_size})")
+    if args.num_envs > args.buffer_size:
+        run_utils.exit_with_error(f"--num-envs ({args.num_envs}) is larger than --buffer-size ({args.buffer_size}): "
+                                  "an iteration's transitions must fit in the buffer")  # fmt: skip
 
 
-def make_env(env_id, seed, render_mode=None):
+def make_env(env_id, render_mode=None):
     try:
         # Asked for only when recording: an env that takes no render_mode argument still trains.
         env = gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
@@ -71,7 +80,6 @@ def make_env(env_id, seed, render_mode=None):
     # The actor's tanh is scaled to the action bounds, so they must be finite.
     if not isinstance(space, gym.spaces.Box) or not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
         run_utils.exit_with_error(f"TD3 needs a bounded continuous (Box) action space, {env_id} has {space}")
-    env.action_space.seed(seed)
     return env
 
 
@@ -119,14 +127,16 @@ class ReplayBuffer:
         self.terminations = np.zeros(size, dtype=np.float32)
         self.size, self.pos, self.full = size, 0, False
 
-    def add(self, obs, next_obs, action, reward, terminated):
-        self.observations[self.pos] = obs
-        self.next_observations[self.pos] = next_obs
-        self.actions[self.pos] = action
-        self.rewards[self.pos] = reward
-        self.terminations[self.pos] = terminated
-        self.pos = (self.pos + 1) % self.size
-        self.full = self.full or self.pos == 0
+    def add(self, obs, next_obs, actions, rewards, terminations):
+        """An iteration's transitions, one per env (a row each, wrapping around the end)."""
+        idx = (self.pos + np.arange(len(obs))) % self.size
+        self.observations[idx] = obs
+        self.next_observations[idx] = next_obs
+        self.actions[idx] = actions
+        self.rewards[idx] = rewards
+        self.terminations[idx] = terminations
+        self.full = self.full or self.pos + len(obs) >= self.size
+        self.pos = (self.pos + len(obs)) % self.size
 
     def sample(self, batch_size, device):
         idx = np.random.randint(0, self.size if self.full else self.pos, size=batch_size)
@@ -248,7 +258,7 @@ def evaluation_policy(checkpoint, env, device):
 if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
-    make_eval_env = lambda seed, render_mode: make_env(args.env_id, seed, render_mode)  # noqa: E731
+    make_eval_env = lambda seed, render_mode: make_env(args.env_id, render_mode)  # noqa: E731
     run = run_utils.Run(
         args,
         __file__,
@@ -261,11 +271,17 @@ if __name__ == "__main__":
     device = run.device
     start_step = run.checkpoint["global_step"] if run.checkpoint else 0
 
-    # A resumed run starts a new episode, on an env seeded by the step it resumes at.
+    # num_envs envs stepped together. One whose episode ends is reset in that same step; the episode's last
+    # observation is in infos["final_obs"], so every stored transition is a real one.
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: make_env(args.env_id) for _ in range(args.num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    # A resumed run starts new episodes, on envs seeded by the step it resumes at.
     env_seed = args.seed + start_step
-    env = make_env(args.env_id, env_seed)
-    obs_dim, action_dim = env.observation_space.shape[0], env.action_space.shape[0]
-    td3 = build_td3(obs_dim, action_dim, env.action_space.low, env.action_space.high, args, device)
+    envs.action_space.seed(env_seed)
+    action_space = envs.single_action_space
+    obs_dim, action_dim = envs.single_observation_space.shape[0], action_space.shape[0]
+    td3 = build_td3(obs_dim, action_dim, action_space.low, action_space.high, args, device)
     replay_buffer = ReplayBuffer(args.buffer_size, obs_dim, action_dim)
     if run.checkpoint:
         td3.load_state_dict(run.checkpoint["agent"])
@@ -275,41 +291,44 @@ if __name__ == "__main__":
     def save_checkpoint():  # a TD3 checkpoint: the step, the agent and the replay buffer (Run adds the run's state)
         run.save_checkpoint(global_step=global_step, agent=td3.state_dict(), replay_buffer=replay_buffer.state_dict())
 
-    obs, _ = env.reset(seed=env_seed)
-    episode_return = 0.0
+    obs, _ = envs.reset(seed=env_seed)
+    current_returns = np.zeros(args.num_envs)  # each env's episode so far
     train_step = max(args.learning_starts, start_step)  # where this process starts training
     global_step = start_step  # the steps done, as the loop goes
-    for step in run.steps(start_step, args.total_timesteps):
-        run.clock(step, train_step, train_step + args.measure_burnin)
+    for step in run.steps(start_step, args.total_timesteps, args.num_envs):
+        run.clock(step, train_step, train_step + args.measure_burnin * args.num_envs)
         if step < args.learning_starts:
-            actions = env.action_space.sample()
+            actions = envs.action_space.sample()
         else:
-            obs_tensor = torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)
-            actions = td3.policy(obs_tensor)[0].cpu().numpy()
+            actions = td3.policy(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
 
-        next_obs, reward, terminated, truncated, _ = env.step(actions)
-        # A time-limit truncation still bootstraps from next_obs; only a termination cuts the return.
-        replay_buffer.add(obs, next_obs, actions, reward, terminated)
-        episode_return += float(reward)
-        if terminated or truncated:
-            run.episode(episode_return, step)
-            episode_return = 0.0
-            next_obs, _ = env.reset()
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        # A time-limit truncation still bootstraps from the episode's last observation; only a termination cuts it.
+        real_next_obs = next_obs.copy()
+        current_returns += rewards
+        for index in np.flatnonzero(terminations | truncations):
+            real_next_obs[index] = infos["final_obs"][index]
+            run.episode(float(current_returns[index]), step)
+            current_returns[index] = 0.0
+        replay_buffer.add(obs, real_next_obs, actions, rewards, terminations)
         obs = next_obs
 
         if step >= args.learning_starts:
-            data = replay_buffer.sample(args.batch_size, device)
-            losses = td3.update_critic(data)
-            if step % args.policy_frequency == 0:  # delayed: the actor and the targets move less often
-                losses.update(td3.update_actor(data))
-                td3.update_targets()
-            if step % LOG_EVERY == 0:
+            iteration = step // args.num_envs
+            # This iteration's gradient steps, numbered over the run: the delay counts them.
+            for update in range(iteration * args.gradient_steps, (iteration + 1) * args.gradient_steps):
+                data = replay_buffer.sample(args.batch_size, device)
+                losses = td3.update_critic(data)
+                if update % args.policy_frequency == 0:  # delayed: the actor and the targets move less often
+                    losses.update(td3.update_actor(data))
+                    td3.update_targets()
+            if step % LOG_EVERY < args.num_envs:  # the iteration passed a multiple of LOG_EVERY
                 run.log(step, losses)
 
-        global_step = step + 1
+        global_step = step + args.num_envs
         if run.stop_signals:
             break
-        if run.checkpoint_due(global_step):
+        if run.checkpoint_due(global_step, args.num_envs):
             save_checkpoint()
-    env.close()
+    envs.close()
     run.finish(global_step, save_checkpoint, evaluation_policy)

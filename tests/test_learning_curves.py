@@ -39,6 +39,23 @@ def records(folder):
     return {path.name: json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))}
 
 
+def steps(record):
+    return [episode[0] for episode in record["episodes"]]
+
+
+def returns(record):
+    return [episode[1] for episode in record["episodes"]]
+
+
+def seconds(record):
+    """Each episode's wall-clock seconds; checked on the run's clock: positive, in the order the episodes ended, none
+    after the run's end."""
+    times = [episode[2] for episode in record["episodes"]]
+    assert all(len(episode) == 3 for episode in record["episodes"]), record["episodes"][:3]
+    assert times and times[0] > 0 and times == sorted(times) and times[-1] <= record["wall_seconds"], times
+    return times
+
+
 # --- Recording and resuming ---------------------------------------------------------------------------------------
 
 
@@ -53,9 +70,10 @@ def test_run_records_the_scripts_episodes_and_a_rerun_skips_recorded_seeds(tmp_p
     assert record["command"].endswith(f"python leanrl/{SAC}.py {' '.join(SAC_FLAGS)} --seed 1")
     assert record["machine"]["torch"] == torch.__version__ and record["wall_seconds"] > 0
     # The episodes' ends, and their returns: those the script itself reports for this seed.
-    assert [step for step, _ in record["episodes"]] == [200, 400]
+    assert steps(record) == [200, 400]
     reported = run_in_process(SAC, *SAC_FLAGS, "--seed", 1)["episode_returns"]
-    assert [ret for _, ret in record["episodes"]] == reported
+    assert returns(record) == reported
+    assert len(seconds(record)) == 2
 
     path = tmp_path / name
     before = (path.stat().st_mtime_ns, path.read_bytes())
@@ -65,14 +83,15 @@ def test_run_records_the_scripts_episodes_and_a_rerun_skips_recorded_seeds(tmp_p
     assert second.stdout.count("400 steps on Pendulum-v1") == 1, "seed 1 ran again, or seed 2 did not run"
     assert (path.stat().st_mtime_ns, path.read_bytes()) == before
     seed_2 = records(tmp_path)[learning_curves.record_name(SAC, list(SAC_FLAGS), 2)]
-    assert seed_2["seed"] == 2 and [step for step, _ in seed_2["episodes"]] == [200, 400]
+    assert seed_2["seed"] == 2 and steps(seed_2) == [200, 400] and len(seconds(seed_2)) == 2
     assert seed_2["episodes"] != record["episodes"]
 
 
 def test_an_interrupted_seed_goes_on_from_its_checkpoint(tmp_path):
     """--checkpoint-every: a run stopped by Ctrl-C (SIGINT to the process group, as a terminal sends it) writes its
     checkpoint and its episodes so far; the same command resumes the seed there, and the record holds the episodes
-    of both sittings, stamped in order, and the step it resumed at."""
+    of both sittings, stamped in order, and the step it resumed at. The second sitting's clock goes on from the
+    first's: its episodes' seconds come after the time the first sitting had run."""
     flags = ("--env-id", "Pendulum-v1", "--total-timesteps", "1200", "--learning-starts", "100", "--batch-size", "32")
     command = [sys.executable, str(TOOL), "run", "--script", "sac_continuous_action", "--seeds", "1",
                "--out", str(tmp_path), "--checkpoint-every", "200", "--", *flags]  # fmt: skip
@@ -94,6 +113,9 @@ def test_an_interrupted_seed_goes_on_from_its_checkpoint(tmp_path):
     assert not (tmp_path / name).exists() and model.exists(), "an interrupted seed has a checkpoint, no record"
     step = torch.load(model, weights_only=True)["global_step"]
     assert 400 <= step < 1200, step
+    saved = json.loads(partial.read_text())  # the first sitting's episodes, with its seconds, and its wall time
+    first_sitting = [episode for episode in saved["episodes"] if episode[0] <= step]
+    assert len(first_sitting) >= 2 and len(seconds(saved)) == len(saved["episodes"])
 
     second = run_tool(*command[2:])
     assert second.returncode == 0, describe(second)
@@ -102,7 +124,11 @@ def test_an_interrupted_seed_goes_on_from_its_checkpoint(tmp_path):
     assert record["resumed_at"] == [step] and record["steps"] == 1200
     # 200-step episodes from step 0, then from the resume on: the episode cut short by the interruption is not one.
     before, after = list(range(200, step + 1, 200)), list(range(step + 200, 1201, 200))
-    assert [end for end, _ in record["episodes"]] == before + after
+    assert steps(record) == before + after
+    times = seconds(record)
+    assert record["episodes"][: len(before)] == first_sitting, "the first sitting's episodes, seconds included"
+    assert times[len(before)] > saved["wall_seconds"] >= times[len(before) - 1], "the clock started again"
+    assert record["wall_seconds"] > saved["wall_seconds"]
     assert not model.exists() and not partial.exists(), "the checkpoint and episodes of a recorded seed are removed"
 
 
@@ -131,7 +157,7 @@ def test_vector_env_episodes_are_stamped_with_the_steps_of_every_env(tmp_path):
     assert completed.returncode == 0, describe(completed)
     (record,) = records(tmp_path).values()
     assert record["algo"] == "ppo_continuous" and record["steps"] == 400
-    assert [step for step, _ in record["episodes"]] == [400, 400]
+    assert steps(record) == [400, 400] and len(seconds(record)) == 2
 
 
 def test_atari_games_are_recorded_with_their_unclipped_scores(tmp_path):
@@ -142,10 +168,11 @@ def test_atari_games_are_recorded_with_their_unclipped_scores(tmp_path):
     assert completed.returncode == 0, describe(completed)
     (record,) = records(tmp_path).values()
     assert record["algo"] == "ppo_atari" and record["steps"] == 1536
-    steps = [step for step, _ in record["episodes"]]
-    assert len(steps) >= 3 and steps == sorted(steps) and steps[-1] <= 1536
-    assert all(step % 2 == 0 for step in steps), steps
-    assert all(ret % 50 == 0 for _, ret in record["episodes"]) and max(ret for _, ret in record["episodes"]) > 50
+    ends = steps(record)
+    assert len(ends) >= 3 and ends == sorted(ends) and ends[-1] <= 1536
+    assert all(step % 2 == 0 for step in ends), ends
+    assert all(ret % 50 == 0 for ret in returns(record)) and max(returns(record)) > 50
+    assert len(seconds(record)) == len(ends)
 
 
 @pytest.mark.parametrize("processes", [1, 2])
@@ -166,12 +193,14 @@ def test_a_distributed_script_in_a_world_of_processes_and_the_random_policy(proc
     assert record["world_size"] == processes and record["algo"] == "ppo_atari" and record["steps"] == total
     launch = "python" if processes == 1 else "torchrun --standalone --nproc-per-node 2"
     assert f"{launch} leanrl/{script}.py {' '.join(flags)} --seed 1" in record["command"]
-    steps = [step for step, _ in record["episodes"]]
-    assert len(steps) >= 3 and all(step % num_envs == 0 and 0 < step <= total for step in steps), steps
-    iterations = [(step - 1) // (num_envs * num_steps) for step in steps]
+    ends = steps(record)
+    assert len(ends) >= 3 and all(step % num_envs == 0 and 0 < step <= total for step in ends), ends
+    # Each rank's own clock: in order within a rank, not across ranks.
+    assert all(len(episode) == 3 and 0 < episode[2] <= record["wall_seconds"] for episode in record["episodes"])
+    iterations = [(step - 1) // (num_envs * num_steps) for step in ends]
     assert iterations == sorted(iterations), "games out of the order of the iterations they ended in"
     final = re.search(r"final return ([\d.]+)", completed.stdout).group(1)
-    assert f"{np.mean([ret for _, ret in record['episodes'][-20:]]):.1f}" == final, completed.stdout[-500:]
+    assert f"{np.mean(returns(record)[-20:]):.1f}" == final, completed.stdout[-500:]
     random_returns = record["random_policy_returns"]
     assert len(random_returns) == 2 and all(score % 50 == 0 for score in random_returns), random_returns
 
@@ -179,10 +208,12 @@ def test_a_distributed_script_in_a_world_of_processes_and_the_random_policy(proc
 # A stand-in for the DQN twin (it bears its name), fast and torch-free: CartPole in a SyncVectorEnv that resets an
 # env on the step after its episode ends (gymnasium's default), random actions, then an evaluation env beside it. It
 # writes where each training episode ended (its own global step) to --ends-file; --wrong reports a wrong return,
-# --stop-at N stops the run at step N as an interrupted run would, without an error.
+# --stop-at N stops the run at step N as an interrupted run would, without an error; --pause-at N sleeps --pause
+# seconds before the step after global step N.
 FAKE_SCRIPT = """
 import json
 import sys
+import time
 from types import SimpleNamespace
 
 import gymnasium as gym
@@ -200,6 +231,8 @@ envs.action_space.seed(seed)
 envs.reset(seed=seed)
 ends, global_step = [], 0
 while global_step < int(flag("--stop-at", args.total_timesteps)):
+    if global_step == int(flag("--pause-at", -1)):
+        time.sleep(float(flag("--pause")))
     global_step += envs.num_envs
     infos = envs.step(envs.action_space.sample())[-1]
     for index in np.flatnonzero(infos.get("_episode", [])):
@@ -234,13 +267,28 @@ def test_vector_env_resetting_on_the_next_step_and_an_evaluation_env(fake_script
         assert completed.returncode == 0, describe(completed)
         record = records(out)[learning_curves.record_name("dqn_torchcompile", list(map(str, flags)), 5)]
         ends = json.loads(ends_file.read_text())
-        assert len(ends) >= 5 and [step for step, _ in record["episodes"]] == ends
+        assert len(ends) >= 5 and steps(record) == ends
         assert record["steps"] == budget and record["env_id"] == "CartPole-v1" and record["algo"] == "dqn"
     assert (
         f"also holds records of dqn_torchcompile.py with other flags (--total-timesteps 300 --ends-file {ends_file})"
         in (completed.stdout)
     )
     assert len(records(out)) == 2
+
+
+def test_episodes_carry_the_wall_clock_seconds_of_the_run(fake_script, tmp_path):
+    """Each episode's seconds are the run's wall-clock time when it ended: a pause of the script half-way lies between
+    the episodes that ended before it and those after."""
+    pause_at, pause = 200, 1.5
+    flags = ["--total-timesteps", 400, "--ends-file", tmp_path / "ends.json", "--pause-at", pause_at, "--pause", pause]
+    completed = run_tool("run", "--script", fake_script, "--seeds", 1, "--out", tmp_path / "out", "--", *flags)
+    assert completed.returncode == 0, describe(completed)
+    (record,) = records(tmp_path / "out").values()
+    times = seconds(record)
+    before = [ended for step, ended in zip(steps(record), times, strict=True) if step <= pause_at]
+    after = times[len(before) :]
+    assert before and after, steps(record)
+    assert after[0] - before[-1] >= pause, (before, after)
 
 
 @pytest.mark.parametrize(
@@ -283,12 +331,17 @@ PANELS = [
 ]
 
 
-def write_record(folder, script, algo, env_id, budget, seed, flags=("--compile",), script_path=None, **fields):
+def write_record(
+    folder, script, algo, env_id, budget, seed, flags=("--compile",), script_path=None, timed=True, **fields
+):
     """A record as `run` wrote it before worlds of processes and random policies; an episode ends every 1000 steps
-    with return step / 100 + 10 * seed. script_path: where the script was, as the record shows it (default:
-    leanrl/). fields: the newer ones (world_size, random_policy_returns)."""
+    with return step / 100 + 10 * seed, at 1800 * seed * step / budget seconds (the run's wall_seconds at its end;
+    timed=False: without seconds, as records were written before). script_path: where the script was, as the record
+    shows it (default: leanrl/). fields: the newer ones (world_size, random_policy_returns)."""
     flags = [*flags, "--total-timesteps", str(budget)]
     episodes = [[step, step / 100 + 10 * seed] for step in range(1000, budget + 1, 1000)]
+    if timed:
+        episodes = [[step, ret, 1800.0 * seed * step / budget] for step, ret in episodes]
     machine = dict(cpu="Test CPU", cores=2, gpu=None, torch="2.13.0", torch_threads=1)
     record = dict(script=f"{script}.py", script_path=script_path or f"leanrl/{script}.py", algo=algo, env_id=env_id,
                   seed=seed, flags=flags, command="", omp_num_threads="1", machine=machine, device="cpu",
@@ -322,10 +375,12 @@ def test_plot_draws_the_issues_published_figures(made_records):
     fig = learning_curves.figure(panels, window=20)
     axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
     plt.close(fig)
-    assert set(axes) == {*ISSUE_FIGURES, "sac on Pendulum-v1"}
+    titles = [*ISSUE_FIGURES, "sac on Pendulum-v1"]
+    assert set(axes) == {*titles, *(f"{title}, against wall-clock time" for title in titles)}
     for title, expected in ISSUE_FIGURES.items():
         assert sorted(drawn_figures(axes[title])) == sorted(expected), title
     assert drawn_figures(axes["sac on Pendulum-v1"]) == []
+    assert not any(drawn_figures(axes[f"{title}, against wall-clock time"]) for title in titles), "steps on a time axis"
     # Twin (2 seeds) and plain script (1 seed) on the same axes: the mean of seed 1 and 2's curves, and seed 1's.
     curves = {
         line.get_label(): line for line in axes["sac on HalfCheetah-v5"].get_lines() if "(seed" in line.get_label()
@@ -339,13 +394,59 @@ def test_plot_draws_the_issues_published_figures(made_records):
     assert x[-1] == 300_000 and y[-1] == pytest.approx(2905 + 15)  # episodes 281k..300k: returns 2810..3000
 
 
+def window_means(record, count):
+    """Each episode's seconds and the mean return of the last `count` episodes by then (fewer at first), one by one."""
+    episodes = record["episodes"]
+    means = [
+        np.mean([ret for _, ret, _ in episodes[max(0, index + 1 - count) : index + 1]])
+        for index in range(len(episodes))
+    ]
+    return [ended for *_, ended in episodes], means
+
+
+def test_plot_draws_each_seed_against_wall_clock_time(made_records):
+    """Beside each panel, a curve per seed against its minutes, in its run's colour; a record without seconds is
+    left out with a legend line saying so; a run of over 2 hours is drawn in hours."""
+    old = made_records / "old"
+    write_record(old, "sac_continuous_action", "sac", "HalfCheetah-v5", 100_000, 3, flags=(), timed=False)
+    write_record(made_records / "long", "td3_continuous_action", "td3", "HalfCheetah-v5", 20_000, 5)  # 9000 s
+    folders = [made_records / name for name in ("twins", "plain", "old", "long")]
+    fig = learning_curves.figure(learning_curves.read_folders(folders), window=20)
+    axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    plt.close(fig)
+    steps_ax, time_ax = axes["sac on HalfCheetah-v5"], axes["sac on HalfCheetah-v5, against wall-clock time"]
+    colors = {line.get_label(): line.get_color() for line in steps_ax.get_lines() if "(seed" in line.get_label()}
+    twin = "sac_continuous_action_torchcompile.py --compile --total-timesteps 300000 (seeds 1, 2)"
+    plain = "sac_continuous_action.py --total-timesteps 300000 (seed 1)"
+    drawn = [line for line in time_ax.get_lines() if len(line.get_xdata())]
+    assert [line.get_color() for line in drawn] == [colors[twin], colors[twin], colors[plain]]
+    assert "minutes" in time_ax.get_xlabel()
+    twin_flags = ["--compile", "--total-timesteps", "300000"]
+    expected = [
+        records(made_records / "twins")[learning_curves.record_name(SAC, twin_flags, 1)],
+        records(made_records / "twins")[learning_curves.record_name(SAC, twin_flags, 2)],
+        *records(made_records / "plain").values(),
+    ]
+    for line, record in zip(drawn, expected, strict=True):
+        times, means = window_means(record, 20)
+        assert line.get_xdata() == pytest.approx(np.array(times) / 60) and line.get_ydata() == pytest.approx(means)
+    assert drawn[1].get_xdata()[-1] == pytest.approx(60)  # seed 2's run: 3600 s
+    legend = [text.get_text().replace("\n", " ") for text in time_ax.get_legend().get_texts()]
+    assert legend == [
+        "left out, no wall-clock times recorded: sac_continuous_action.py --total-timesteps 100000 (seed 3)"
+    ]
+    td3_time = axes["td3 on HalfCheetah-v5, against wall-clock time"]
+    assert "hours" in td3_time.get_xlabel()
+    assert max(line.get_xdata()[-1] for line in td3_time.get_lines()) == pytest.approx(2.5)
+
+
 def test_a_run_with_many_flags_does_not_narrow_its_panel(tmp_path):
     """The legend sits below the axes; an unwrapped label of many flags once squeezed the axes to a third of the panel."""
 
     def panel_width(folder):
         fig = learning_curves.figure(learning_curves.read_folders([folder]), window=20)
         fig.canvas.draw()  # constrained layout places the axes when drawn
-        (ax,) = [ax for ax in fig.axes if ax.get_title()]
+        (ax,) = [ax for ax in fig.axes if ax.get_title() == "td3 on HalfCheetah-v5"]
         width = ax.get_position().width
         plt.close(fig)
         return width
@@ -375,7 +476,7 @@ def test_a_modified_copy_of_a_script_is_named_by_its_path(tmp_path):
 
 def markdown_rows(text, heading):
     """The rows of the table under `## heading`, as {column: cell}."""
-    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    section = text.split(f"## {heading}\n", 1)[1].split("\n#", 1)[0]  # to the next heading, of any level
     lines = [line for line in section.splitlines() if line.startswith("|")]
     header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
     return [dict(zip(header, row, strict=True)) for row in rows]
@@ -419,6 +520,87 @@ def test_plot_command_writes_the_png_and_the_table_of_ours_beside_the_published(
     ) in text
 
 
+def reached_at(record, value, count):
+    """The first episode at whose end the mean return of the last `count` is `value` or more, looked for one by one."""
+    episodes = record["episodes"]
+    for index in range(count - 1, len(episodes)):
+        if np.mean([episode[1] for episode in episodes[index + 1 - count : index + 1]]) >= value:
+            return episodes[index]
+    return None
+
+
+def test_plot_reach_gives_the_minutes_and_steps_each_seed_takes_to_a_return(made_records):
+    """--reach R: a section per panel, a row per run and seed with the minutes and the env step at which the mean of
+    the last --window episodes first reaches R, then their mean over seeds; a record without seconds gives the step
+    only; a seed that does not reach R says where its run ends."""
+    old = made_records / "old"
+    write_record(old, "sac_continuous_action", "sac", "HalfCheetah-v5", 300_000, 2, flags=(), timed=False)
+    out = made_records / "reach.png"
+    folders = [made_records / name for name in ("twins", "plain", "old")]
+    completed = run_tool("plot", *folders, "--out", out, "--reach", 1000)
+    assert completed.returncode == 0, describe(completed)
+    text = out.with_suffix(".md").read_text()
+    rows = markdown_rows(text, "sac on HalfCheetah-v5: when the return reaches 1000")
+    twin = "`sac_continuous_action_torchcompile.py --compile --total-timesteps 300000`"
+    plain = "`sac_continuous_action.py --total-timesteps 300000`"
+    assert [(row["run"], row["seed"]) for row in rows] == [
+        (twin, "1"), (twin, "2"), (twin, "mean"), (plain, "1"), (plain, "2"), (plain, "mean")
+    ]  # fmt: skip
+    twin_records = [record for record in records(made_records / "twins").values() if record["script"] == f"{SAC}.py"]
+    plain_records = [*records(made_records / "plain").values(), *records(old).values()]
+    for run, run_records in ((twin, twin_records), (plain, plain_records)):
+        firsts = [reached_at(record, 1000, 20) for record in run_records]
+        by_seed = {row["seed"]: row for row in rows if row["run"] == run}
+        for record, first in zip(run_records, firsts, strict=True):
+            minutes = f"{first[2] / 60:.1f}" if len(first) == 3 else "–"
+            assert by_seed[str(record["seed"])] == {"run": run, "seed": str(record["seed"]), "minutes": minutes,
+                                                    "env step": f"{first[0]:,}"}  # fmt: skip
+        assert by_seed["mean"]["env step"] == f"{np.mean([first[0] for first in firsts]):,.0f}"
+    # Episodes of returns step / 100 + 10 * seed: seed 1's last 20 reach 1000 at step 109,000, 654 s into its 1800.
+    assert rows[0]["env step"] == "109,000" and rows[0]["minutes"] == "10.9"
+    assert rows[2]["minutes"] == f"{np.mean([reached_at(r, 1000, 20)[2] for r in twin_records]) / 60:.1f}"
+    assert rows[4]["minutes"] == "–" and rows[5]["minutes"] == "–", "a record without seconds gives the step only"
+    # 10 episodes of Pendulum: never 20 to average.
+    pendulum = markdown_rows(text, "sac on Pendulum-v1: when the return reaches 1000")
+    assert [row["minutes"] for row in pendulum] == [
+        "not reached (run ends at 10,000 steps, 30.0 min)", "not reached (run ends at 10,000 steps, 60.0 min)",
+        "0 of 2 seeds reach it",
+    ]  # fmt: skip
+
+
+def test_reach_is_the_first_full_window_at_or_above_the_return():
+    """A lucky first episode is not a reached return: the mean is of --window episodes, once that many ended. A seed
+    that never reaches it leaves the mean over seeds undone."""
+    episodes = [
+        [1000, 1000.0, 60.0],
+        [2000, 0.0, 120.0],
+        [3000, 0.0, 180.0],
+        [4000, 900.0, 240.0],
+        [5000, 900.0, 300.0],
+    ]
+    record = {"episodes": episodes, "seed": 1, "steps": 5000, "wall_seconds": 330.0}
+    assert learning_curves.first_reach(record, 400, 3) == (5000, 300.0)  # (0 + 900 + 900) / 3
+    assert learning_curves.first_reach(record, 700, 3) is None
+    assert learning_curves.first_reach(record, 400, 6) is None  # 5 episodes
+    untimed = {**record, "episodes": [episode[:2] for episode in episodes]}
+    assert learning_curves.first_reach(untimed, 400, 3) == (5000, None)
+    worse = {**record, "seed": 2, "episodes": [[step, ret - 500, ended] for step, ret, ended in episodes]}
+
+    def cells(records, value):
+        lines = learning_curves.reach_rows({("leanrl/x.py", (), 1): records}, value, 3)
+        return [[cell.strip() for cell in line.strip("|").split("|")][1:] for line in lines[2:]]
+
+    assert cells([record, worse], 400) == [
+        ["1", "5.0", "5,000"], ["2", "not reached (run ends at 5,000 steps, 5.5 min)", "–"],
+        ["mean", "1 of 2 seeds reach it", "–"],
+    ]  # fmt: skip
+    assert cells([record, {**untimed, "seed": 2}], 400) == [
+        ["1", "5.0", "5,000"],
+        ["2", "–", "5,000"],
+        ["mean", "–", "5,000"],
+    ]
+
+
 def test_plot_compares_runs_in_worlds_of_one_and_two_with_the_random_policy(tmp_path):
     """Folders of earlier runs drawn together, nothing run (no progress bar): a curve per world size in one panel, the
     random policy's mean score over all their games as a dashed line and in the table, the commands with
@@ -435,7 +617,7 @@ def test_plot_compares_runs_in_worlds_of_one_and_two_with_the_random_policy(tmp_
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     fig = learning_curves.figure(learning_curves.read_folders([tmp_path / "world1", tmp_path / "world2"]), window=20)
-    (ax,) = [ax for ax in fig.axes if ax.get_title()]
+    (ax,) = [ax for ax in fig.axes if ax.get_title() == "ppo_atari on Breakout-v5"]
     lines = {line.get_label().replace("\n", " "): line for line in ax.get_lines()}  # long labels are wrapped
     plt.close(fig)
     run = f"{script}.py --compile --total-timesteps 50000"
@@ -469,6 +651,7 @@ BAD_INPUT = {
     "plot-no-records": (["plot", "{tmp}/empty"], "no records"),
     "plot-no-folder": (["plot", "{tmp}/missing"], "no folder"),
     "plot-window": (["plot", "{tmp}", "--window", "0"], "--window"),
+    "plot-reach": (["plot", "{tmp}", "--reach", "nan"], "--reach"),
 }
 
 

@@ -12,7 +12,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import assert_same_state, load_checkpoint, read_results, run_in_process
+from conftest import (
+    assert_same_state,
+    check_bad_input_in_process,
+    load_checkpoint,
+    load_script,
+    read_results,
+    run_in_process,
+)
 
 OLD = Path(__file__).parent / "old_checkpoints"
 PAIRS = sorted(path.name[: -len(".json")] for path in OLD.glob("*.json"))
@@ -28,7 +35,7 @@ def test_there_is_an_old_checkpoint_of_every_pair():
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_old_checkpoint_resumes_and_evaluates(name, tmp_path):
+def test_old_checkpoint_resumes_and_evaluates(name, tmp_path, capsys):
     plain = name.removesuffix("_torchcompile")
     meta = json.loads((OLD / f"{plain}.json").read_text())
     old = tmp_path / "old.pt"
@@ -43,7 +50,22 @@ def test_old_checkpoint_resumes_and_evaluates(name, tmp_path):
     (evaluated,) = read_results(results)
     assert evaluated["eval_return"] == meta["eval_return"], "the old scripts evaluated this checkpoint otherwise"
     assert evaluated["steps_done"] == meta["global_step"]
-    assert_same_state(load_checkpoint(tmp_path / "same.pt"), load_checkpoint(old))
+    saved, old_checkpoint = load_checkpoint(tmp_path / "same.pt"), load_checkpoint(old)
+    # Hyper-parameters added since (SAC's and TD3's num_envs and gradient_steps) are saved at their defaults: the
+    # settings of the old runs. The old checkpoint resumed without them (above) stands for a run made with them.
+    defaults = load_script(name).Args()
+    added = saved["hyperparameters"].keys() - old_checkpoint["hyperparameters"].keys()
+    assert {key: saved["hyperparameters"].pop(key) for key in added} == {key: getattr(defaults, key) for key in added}
+    assert_same_state(saved, old_checkpoint)
+    if added:  # and another value of one is refused: the old run was made with the default
+        flag = sorted(added)[0]
+        check_bad_input_in_process(
+            name,
+            (*common, "--total-timesteps", meta["global_step"], f"--{flag.replace('_', '-')}", "2"),
+            ["hyper-parameters", flag.replace("_", "-")],
+            tmp_path,
+            capsys,
+        )
 
     # Training goes on from it.
     more = MORE_STEPS["ppo"] if plain.startswith("ppo") else 100

@@ -59,17 +59,20 @@ LEARNING_THRESHOLD = -300.0  # random policy: about -1200 on Pendulum-v1; a solv
 
 
 @pytest.mark.parametrize(
-    ("name", "flags", "resumed"),
-    [(PLAIN, (), False), (TWIN, ("--compile",), True)],
-    ids=["plain", "twin-compile-resumed-half-way"],
+    ("name", "flags", "num_envs", "resumed"),
+    [(PLAIN, (), 1, False), (TWIN, ("--compile", "--num-envs", "4", "--gradient-steps", "4"), 4, True)],
+    ids=["plain", "twin-compile-4-envs-resumed-half-way"],
 )
-def test_learns_pendulum(name, flags, resumed, tmp_path):
-    """The plain script learns in one run; the twin is saved at half the budget and resumed in a new run: it learns
-    across a resume (what a checkpoint holds is checked entry by entry in test_resume_continues_the_run)."""
+def test_learns_pendulum(name, flags, num_envs, resumed, tmp_path):
+    """The plain script learns in one run on one env. The twin steps 4 envs at once, with 4 gradient steps per
+    iteration (as many updates as one env makes), and is saved at half the budget and resumed in a new run: it learns
+    with several envs and across a resume (what a checkpoint holds is checked entry by entry in
+    test_resume_continues_the_run)."""
     common = ("--env-id", "Pendulum-v1", "--seed", LEARNING_SEED, "--learning-starts", LEARNING_STARTS, *flags)
     returns = learning_run_returns(name, common, LEARNING_STEPS, resumed, tmp_path)
     played = LEARNING_STEPS // 2 if resumed else LEARNING_STEPS
-    assert len(returns) == played // 200, f"Pendulum-v1 episodes last 200 steps; got {len(returns)} episodes"
+    episodes = num_envs * (played // num_envs // 200)
+    assert len(returns) == episodes, f"Pendulum-v1 episodes last 200 steps; got {len(returns)} episodes"
     last10 = returns[-10:]
     print(f"{name} {' '.join(flags)}: mean of the last 10 returns {statistics.mean(last10):.1f}; returns {returns}")
     assert statistics.mean(last10) > LEARNING_THRESHOLD, f"last 10 returns {[round(r) for r in last10]}"
@@ -142,18 +145,19 @@ def test_twin_compiled_updates_match_eager(device, inductor_fallback_random):
         assert_changed(start[group], end[group], f"eager twin's {group}")
 
 
+@pytest.mark.parametrize("num_envs", [1, 16])  # the observations of one env, or of many at once (--num-envs)
 @pytest.mark.parametrize("device", DEVICES)
-def test_twin_compiled_policy_matches_eager(device, inductor_fallback_random):
+def test_twin_compiled_policy_matches_eager(device, num_envs, inductor_fallback_random):
     module = load_script(TWIN)
     eager = build(module, device, compile=False)
     compiled = build(module, device, compile=True)
-    obs = torch.randn(1, OBS_DIM, generator=torch.Generator().manual_seed(7)).to(device)
+    obs = torch.randn(num_envs, OBS_DIM, generator=torch.Generator().manual_seed(7)).to(device)
     actions = {}
     for label, sac in (("eager", eager), ("compiled", compiled)):
         torch.manual_seed(42)
         actions[label] = [sac.policy(obs).clone() for _ in range(2)]
     for step in range(2):
-        assert actions["eager"][step].shape == (1, ACTION_DIM)
+        assert actions["eager"][step].shape == (num_envs, ACTION_DIM)
         torch.testing.assert_close(actions["compiled"][step], actions["eager"][step], rtol=RTOL, atol=ATOL)
         assert actions["eager"][step].abs().max() <= 1.0, "actions leave the action bounds"
     assert not torch.equal(actions["eager"][0], actions["eager"][1]), "the policy does not sample"

@@ -43,6 +43,12 @@ BAD_INPUTS = {
         ("--env-id", "Pendulum-v1", "--batch-size", "512", "--buffer-size", "256"),
         ("batch-size", "buffer-size"),
     ),
+    "zero-envs": (("--env-id", "Pendulum-v1", "--num-envs", "0"), ("num-envs",)),
+    "zero-gradient-steps": (("--env-id", "Pendulum-v1", "--gradient-steps", "0"), ("gradient-steps",)),
+    "envs-over-buffer": (
+        ("--env-id", "Pendulum-v1", "--num-envs", "8", "--buffer-size", "4", "--batch-size", "4"),
+        ("num-envs", "buffer-size"),
+    ),
     "checkpoint-every-without-save": (("--env-id", "Pendulum-v1", "--checkpoint-every", "100"), ("save-model",)),
     "video-without-save": (("--env-id", "Pendulum-v1", "--capture-video"), ("save-model",)),
     "negative-eval-episodes": (("--env-id", "Pendulum-v1", "--eval-episodes", "-1"), ("eval-episodes",)),
