@@ -567,6 +567,8 @@ def read_folders(folders):
         if not folder.is_dir():
             fail(f"no folder {folder}")
         for path in sorted(folder.glob("*.json")):
+            if path.name.startswith("."):  # an unfinished run's episodes so far
+                continue
             record = read_record(path)
             if record is None:
                 say(f"{path} is not a record of this tool: left out")

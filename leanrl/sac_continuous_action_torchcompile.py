@@ -60,21 +60,14 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 
 LOG_EVERY = 100  # steps between progress-bar updates, logging and the non-finite loss check
 # What makes the agent: a checkpoint made with other values of these is refused by --resume.
-HYPERPARAMETERS = ("num_envs", "gradient_steps", "buffer_size", "gamma", "tau", "batch_size", "learning_starts", "policy_lr", "q_lr",
-                   "policy_frequency", "target_network_frequency", "alpha", "autotune")  # fmt: skip
+HYPERPARAMETERS = ("num_envs", "gradient_steps", "buffer_size", "gamma", "tau", "batch_size",
+                   "learning_starts", "policy_lr", "q_lr", "policy_frequency", "target_network_frequency",
+                   "alpha", "autotune")  # fmt: skip
 
 
 def check_args(args):
-    run_utils.check_positive(
-        args,
-        "total_timesteps",
-        "num_envs",
-        "gradient_steps",
-        "buffer_size",
-        "batch_size",
-        "policy_frequency",
-        "target_network_frequency",
-    )
+    run_utils.check_positive(args, "total_timesteps", "num_envs", "gradient_steps", "buffer_size", "batch_size")
+    run_utils.check_positive(args, "policy_frequency", "target_network_frequency")
     if args.learning_starts < 0 or args.measure_burnin < 0:
         run_utils.exit_with_error("--learning-starts and --measure-burnin must not be negative")
     if args.batch_size > args.buffer_size:

@@ -51,8 +51,9 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 
 LOG_EVERY = 100  # steps between progress-bar updates, logging and the non-finite loss check
 # What makes the agent: a checkpoint made with other values of these is refused by --resume.
-HYPERPARAMETERS = ("num_envs", "gradient_steps", "learning_rate", "buffer_size", "gamma", "tau", "batch_size", "policy_noise", "exploration_noise",
-                   "learning_starts", "policy_frequency", "noise_clip")  # fmt: skip
+HYPERPARAMETERS = ("num_envs", "gradient_steps", "learning_rate", "buffer_size", "gamma", "tau",
+                   "batch_size", "policy_noise", "exploration_noise", "learning_starts", "policy_frequency",
+                   "noise_clip")  # fmt: skip
 
 
 def check_args(args):

@@ -94,7 +94,8 @@ def test_steps_are_env_steps_of_every_env(name, tmp_path):
     each env ends 2 episodes of 200 steps."""
     results = tmp_path / "results.jsonl"
     run = run_in_process(name, *VECTOR, "--total-timesteps", "1602", "--gradient-steps", "2", "--save-model",
-                         "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0", "--results-path", results)  # fmt: skip
+                         "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0",
+                         "--results-path", results)  # fmt: skip
     assert read_results(results)[0]["steps_done"] == 1604
     assert len(run["episode_returns"]) == 8
     checkpoint = load_checkpoint(tmp_path / "agent.pt")

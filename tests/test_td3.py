@@ -49,10 +49,10 @@ def build(module, device="cpu", seed=0, **arg_overrides):
 # --- 1. Learning ----------------------------------------------------------------------------------------------
 
 # Seed 1 is not cherry-picked. The mean of the last 10 returns at the end of this budget (75 episodes): plain, seed 1
-# -120 and seed 2 -191; the twin with --compile uninterrupted -185 and -189, and saved at half the budget (-356 and
-# -306 there) and resumed, -173 and -147 (the best 10 consecutive of the resumed half: -115 and -112). A shorter
-# budget is not safe: at 10,000 steps seed 2 of the plain script is at -348, and TD3 dips for a while after it first
-# solves the task (2-core AMD EPYC VM, 1 thread).
+# -120 and seed 2 -191. The twin with --compile on 4 envs with 4 gradient steps an iteration, saved at half the
+# budget and resumed: -160 and -236 (the best 10 consecutive of the resumed half: -111 and -137); on one env it gave
+# -173 and -147 (best 10: -115 and -112). A shorter budget is not safe: at 10,000 steps seed 2 of the plain script is
+# at -348, and TD3 dips for a while after it first solves the task (2-core AMD EPYC VM, 1 thread).
 LEARNING_SEED = 1
 LEARNING_STARTS = 1000
 LEARNING_STEPS = 15000
