@@ -7,12 +7,14 @@ tiny run at commit 1af5c19, before --num-envs. It was written with
     git worktree add /tmp/base 1af5c19 && python tests/test_num_envs.py /tmp/base/leanrl
 
 With several envs: the runs count env steps, the replay buffer takes an iteration's transitions as rows (the plain
-and the twin buffer alike, wrapping around), a vector run resumes, refuses a checkpoint of another --num-envs, and
-learns Pendulum.
+and the twin buffer alike, wrapping around), a vector run resumes, refuses a checkpoint of another --num-envs or
+--gradient-steps, and stops on a signal with a checkpoint to resume from. (The twins' learning tests, in test_sac.py
+and test_td3.py, run on 4 envs.)
 """
 
 import hashlib
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +26,7 @@ from conftest import (
     assert_same_state,
     check_bad_input_in_process,
     check_resume_continues_the_run,
+    check_signal_stops_the_run,
     load_checkpoint,
     load_script,
     one_torch_thread,
@@ -138,6 +141,11 @@ def test_vector_run_resumes_and_refuses_another_num_envs(name, tmp_path, saved_c
     for flag, value in (("--num-envs", "2"), ("--gradient-steps", "1")):
         changed = (*flags, "--total-timesteps", "800", "--resume", tmp_path / "mid.pt", flag, value)
         check_bad_input_in_process(name, changed, [flag, "hyper-parameters"], tmp_path, capsys)
+
+
+@pytest.mark.parametrize("name", ["sac_continuous_action", "td3_continuous_action_torchcompile"])
+def test_vector_run_stops_on_a_signal_with_a_checkpoint(name, tmp_path):
+    check_signal_stops_the_run(name, VECTOR, signal.SIGTERM, tmp_path)
 
 
 # --- Writing the reference (from a checkout before --num-envs) ---------------------------------------------------

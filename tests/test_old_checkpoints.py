@@ -59,11 +59,14 @@ def test_old_checkpoint_resumes_and_evaluates(name, tmp_path, capsys):
     assert_same_state(saved, old_checkpoint)
     if added:  # and another value of one is refused: the old run was made with the default
         flag = sorted(added)[0]
+        capsys.readouterr()  # what the run above printed
+        refused = tmp_path / "refused"  # its own results file, which must stay unwritten
+        refused.mkdir()
         check_bad_input_in_process(
             name,
             (*common, "--total-timesteps", meta["global_step"], f"--{flag.replace('_', '-')}", "2"),
             ["hyper-parameters", flag.replace("_", "-")],
-            tmp_path,
+            refused,
             capsys,
         )
 
