@@ -421,7 +421,7 @@ class Run:
                           file=sys.stderr)  # fmt: skip
                 sys.exit(1)
         self.update_sps(global_step)
-        self.pbar.update(global_step - self.pbar.n)  # a loop of many steps an iteration moves its bar here
+        self.pbar.update(global_step - self.pbar.n)  # a progress() bar moves here (steps() has moved its own)
         mean_return = np.mean(self.recent_returns) if self.recent_returns else float("nan")
         self.pbar.set_postfix(sps=f"{self.sps or 0:.0f}", ret=f"{mean_return:.1f}", refresh=False)
         if self.wandb:
