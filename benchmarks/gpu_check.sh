@@ -6,8 +6,10 @@
 # Stages, in the order given (default: smoke tests speedup:1 speedup:2 speedup:3 table micro profile scaling):
 #   smoke    every twin on CUDA with no flag, --compile, --cudagraphs and both, then every plain script, on the
 #            full runs' envs for a few thousand steps, with TORCH_LOGS=recompiles: a crash, a recompile after
-#            the warm-up or a missing results line is reported as FAILED (logs in OUT_DIR/smoke/).
-#   tests    python -m pytest -n auto tests: the CPU suite and its CUDA cases (OUT_DIR/pytest.log).
+#            the warm-up or a missing results line is reported as FAILED (logs in OUT_DIR/smoke/); smoke:X smokes the
+#            pair X alone (named by its plain script).
+#   tests    python -m pytest -n auto tests: the CPU suite and its CUDA cases (OUT_DIR/pytest.log); tests:cuda runs
+#            the CUDA cases alone (pytest -m cuda: 52 cases).
 #   speedup:S  ./run.sh --quick for seed S, every pair and variant (OUT_DIR/speedup-seedS/). One seed is one
 #            stage: on an H100 machine (16 cores), 17 of a seed's 20 runs took 9 minutes with a cold compile
 #            cache, about 12 s of each run being the imports of torch and the envs.
@@ -27,13 +29,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke|tests|speedup:SEED|table|micro|profile ...]" >&2; exit 2; }
+(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke[:PAIR]|tests[:cuda]|speedup:SEED|table|micro|profile[:PAIR]|scaling ...]" >&2; exit 2; }
 out=$1
 shift
 stages=("$@")
 ((${#stages[@]})) || stages=(smoke tests speedup:1 speedup:2 speedup:3 table micro profile scaling)
 for stage in "${stages[@]}"; do
-  [[ $stage =~ ^(smoke|tests|speedup:[0-9]+|table|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
+  [[ $stage =~ ^(smoke(:[a-z_]+)?|tests(:cuda)?|speedup:[0-9]+|table|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
     { echo "gpu_check: unknown stage '$stage'" >&2; exit 2; }
 done
 mkdir -p "$out"
@@ -58,11 +60,10 @@ smoke_flags() {
   esac
 }
 
-smoke() {
+smoke() { # $@: the pairs, named by their plain script
   mkdir -p "$out/smoke"
   local pids=() names=()
-  for script in sac_continuous_action td3_continuous_action ppo_continuous_action ppo_atari_envpool dqn \
-    ppo_atari_envpool_distributed; do
+  for script in "$@"; do
     read -ra budget <<<"$(smoke_flags $script)"
     for variant in plain twin twin+compile twin+cudagraphs twin+compile+cudagraphs; do
       IFS=+ read -ra flags <<<"$variant"
@@ -151,8 +152,14 @@ EOF
 for stage in "${stages[@]}"; do
   echo "=== $stage ($(date +%H:%M:%S))"
   case $stage in
-    smoke) smoke ;;
+    smoke) smoke sac_continuous_action td3_continuous_action ppo_continuous_action ppo_atari_envpool dqn \
+      ppo_atari_envpool_distributed ;;
+    smoke:*) smoke "${stage#smoke:}" ;;
     tests) "$python" -m pytest -n auto tests -q -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -n 40 || status=1 ;;
+    tests:cuda)
+      "$python" -m pytest -n auto -m cuda tests -q -p no:cacheprovider 2>&1 | tee "$out/pytest_cuda.log" | tail -n 40 ||
+        status=1
+      ;;
     speedup:*)
       seed=${stage#speedup:}
       rm -rf "$out/speedup-seed$seed"

@@ -208,11 +208,12 @@ def build_dqn(obs_dim, n_actions, args, device):
 
     # Epsilon-greedy on the GPU, without a branch: the random-vs-greedy choice is a tensor, so no value goes to the host
     # to decide, and the whole selection is one compilable (and capturable) function. epsilon: a 0-d tensor.
+    # One draw for both choices: compiled code may run two independent random ops in either order (it does on CUDA).
     def policy(obs, epsilon):
         greedy = greedy_actions(obs)
-        random_actions = torch.randint_like(greedy, n_actions)
-        explore = torch.rand(greedy.shape, device=greedy.device) < epsilon
-        return torch.where(explore, random_actions, greedy)
+        uniform = torch.rand((2, *greedy.shape), device=greedy.device)
+        random_actions = (uniform[1] * n_actions).long()
+        return torch.where(uniform[0] < epsilon, random_actions, greedy)
 
     # update looks td_loss_backward up when called, so it uses the compiled one.
     if args.compile:

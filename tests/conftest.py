@@ -185,6 +185,10 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # every CUDA case is marked `cuda`: `pytest -m cuda` runs them alone on a GPU machine
+        if any(mark.kwargs.get("reason") == NEEDS_CUDA for mark in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.cuda)
+
     def rank(item):
         prefixes = [index for index, prefix in enumerate(LONGEST_FIRST) if item.name.startswith(prefix)]
         return prefixes[0] if prefixes else None
@@ -261,7 +265,8 @@ def field_default(field):
 
 # --- Devices ------------------------------------------------------------------------------------------------------
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+NEEDS_CUDA = "needs a CUDA device"
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason=NEEDS_CUDA)
 # The equivalence tests run on each device: `@pytest.mark.parametrize("device", DEVICES)`.
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=requires_cuda)]
 
