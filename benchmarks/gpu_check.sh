@@ -3,7 +3,7 @@
 #
 #   benchmarks/gpu_check.sh OUT_DIR [STAGE ...]
 #
-# Stages, in the order given (default: smoke tests speedup:1 speedup:2 speedup:3 table micro profile scaling):
+# Stages, in the order given (default: smoke tests speedup:1 speedup:2 speedup:3 table envspeed micro profile scaling):
 #   smoke    every twin on CUDA with no flag, --compile, --cudagraphs and both, then every plain script, on the
 #            full runs' envs for a few thousand steps, with TORCH_LOGS=recompiles: a crash, a recompile after
 #            the warm-up or a missing results line is reported as FAILED (logs in OUT_DIR/smoke/); smoke:X smokes the
@@ -14,6 +14,8 @@
 #            stage: on an H100 machine (16 cores), 17 of a seed's 20 runs took 9 minutes with a cold compile
 #            cache, about 12 s of each run being the imports of torch and the envs.
 #   table    the speed-up table and plots of every speedup:S stage run so far (OUT_DIR/speedup/).
+#   envspeed benchmarks/env_speed.py: the PPO scripts' envs alone, random actions, and each PPO variant's sps of the
+#            table stage against them (OUT_DIR/env_speed.md).
 #   micro    benchmarks/micro_benchmark.py on CUDA: action selection at batch 1-256 and the updates, eager,
 #            compiled, compiled and captured (OUT_DIR/micro_cuda.md).
 #   profile  each twin with --compile --cudagraphs under cProfile, on the full runs' env: the 30 functions with
@@ -29,13 +31,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke[:PAIR]|tests[:cuda]|speedup:SEED|table|micro|profile[:PAIR]|scaling ...]" >&2; exit 2; }
+(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke[:PAIR]|tests[:cuda]|speedup:SEED|table|envspeed|micro|profile[:PAIR]|scaling ...]" >&2; exit 2; }
 out=$1
 shift
 stages=("$@")
-((${#stages[@]})) || stages=(smoke tests speedup:1 speedup:2 speedup:3 table micro profile scaling)
+((${#stages[@]})) || stages=(smoke tests speedup:1 speedup:2 speedup:3 table envspeed micro profile scaling)
 for stage in "${stages[@]}"; do
-  [[ $stage =~ ^(smoke(:[a-z_]+)?|tests(:cuda)?|speedup:[0-9]+|table|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
+  [[ $stage =~ ^(smoke(:[a-z_]+)?|tests(:cuda)?|speedup:[0-9]+|table|envspeed|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
     { echo "gpu_check: unknown stage '$stage'" >&2; exit 2; }
 done
 mkdir -p "$out"
@@ -170,6 +172,11 @@ for stage in "${stages[@]}"; do
       cat "$out"/speedup-seed*/results.jsonl >"$out/speedup/results.jsonl"
       cp "$(ls "$out"/speedup-seed*/machine.json | head -n 1)" "$out/speedup/machine.json"
       "$python" benchmarks/speedup_table.py "$out/speedup/results.jsonl" && cat "$out/speedup/speedup.md" || status=1
+      ;;
+    envspeed)
+      results=()
+      [[ -s $out/speedup/results.jsonl ]] && results=(--results "$out/speedup/results.jsonl")
+      "$python" benchmarks/env_speed.py --repeats 3 "${results[@]}" | tee "$out/env_speed.md" || status=1
       ;;
     micro)
       "$python" benchmarks/micro_benchmark.py --devices cuda --repeats 3 --out "$out/micro_cuda.md" \

@@ -1,0 +1,45 @@
+"""benchmarks/env_speed.py: it steps the PPO scripts' own envs, and divides each variant's median sps by their speed."""
+
+import json
+import re
+import subprocess
+import sys
+
+from conftest import REPO_ROOT
+
+TOOL = REPO_ROOT / "benchmarks" / "env_speed.py"
+
+
+def run_tool(*flags):
+    completed = subprocess.run(
+        [sys.executable, str(TOOL), "--iterations", "30", "--warmup", "2", "--repeats", "1", *map(str, flags)],
+        capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    return [line.split("|")[1:-1] for line in completed.stdout.splitlines() if re.match(r"\| ppo_", line)]
+
+
+def test_each_variant_against_the_envs_alone(tmp_path):
+    def line(script, compile_, sps):
+        return json.dumps(dict(script=script, compile=compile_, cudagraphs=False, sps=sps)) + "\n"
+
+    results = tmp_path / "results.jsonl"
+    results.write_text(
+        line("ppo_continuous_action.py", False, 100.0)
+        + line("ppo_continuous_action.py", False, 300.0)
+        + line("ppo_continuous_action_torchcompile.py", True, 150.0)
+        + line("sac_continuous_action.py", False, 10.0)  # another script: not in the PPO rows
+    )
+    rows = run_tool("--results", results)
+    assert len(rows) == 3, rows  # two variants of continuous PPO, and Atari with no runs
+    by_variant = {}
+    for script, env_id, num_envs, env_rate, variant, sps, share in (map(str.strip, row) for row in rows):
+        env_steps = float(env_rate.split()[0])
+        assert env_steps > 0
+        by_variant[(script, variant)] = (env_id, int(num_envs), sps, share, env_steps)
+    env_id, num_envs, sps, share, env_steps = by_variant[("ppo_continuous_action", "plain")]
+    assert (env_id, num_envs, sps) == ("HalfCheetah-v5", 1, "200")  # the median of 100 and 300
+    assert abs(int(share.rstrip("%")) - 100 * 200 / env_steps) <= 1  # the table rounds the env's speed
+    assert by_variant[("ppo_continuous_action", "twin+compile")][2] == "150"
+    env_id, num_envs, sps, share, _ = by_variant[("ppo_atari_envpool", "")]
+    assert (env_id, num_envs, sps, share) == ("Breakout-v5", 8, "", "")
