@@ -165,16 +165,16 @@ def compute_advantages(rewards, values, dones, next_value, next_done, gamma, gae
     return advantages
 
 
-def bootstrap_truncated(rewards, terminations, truncations, final_obs, value, gamma):
+def bootstrap_truncated(rewards, terminations, truncations, final_obs, value, gamma, device):
     """This step's rewards plus gamma * value(last observation) for the envs whose episode hit its time limit.
 
     A time limit is not a failure: the return goes on past it. A termination gets no bootstrap.
     """
     truncated = truncations & ~terminations
     if truncated.any():
-        last_obs = torch.tensor(np.stack(final_obs[truncated]), dtype=torch.float32, device=rewards.device)
-        rewards = rewards.clone()
-        rewards[torch.as_tensor(truncated, device=rewards.device)] += gamma * value(last_obs)
+        last_obs = torch.tensor(np.stack(final_obs[truncated]), dtype=torch.float32, device=device)
+        rewards = rewards.copy()
+        rewards[truncated] += (gamma * value(last_obs)).cpu().numpy()
     return rewards
 
 
@@ -408,7 +408,7 @@ if __name__ == "__main__":
     if start_iteration < num_iterations:
         next_obs, _ = envs.reset(seed=args.seed + start_step)
         next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
-    next_done = torch.zeros(args.num_envs, device=device)
+    next_done = np.zeros(args.num_envs, dtype=np.float32)
     global_step, iterations_done = start_step, start_iteration  # as the loop goes
     run.progress(start_step, num_iterations * batch_size)
     for iteration in range(start_iteration + 1, num_iterations + 1):
@@ -418,29 +418,39 @@ if __name__ == "__main__":
             ppo.set_learning_rate(frac * args.learning_rate)
 
         # The rollout's tensors are collected in lists and stacked once: cheaper than a write per step and key.
-        steps = []
+        # The rewards and dones stay numpy until then: one host-to-device copy per rollout instead of two per step.
+        steps, env_steps = [], []
         for _ in range(args.num_steps):
             global_step += args.num_envs
             action, logprob, value = ppo.policy(next_obs)
-            steps.append(dict(obs=next_obs, dones=next_done, actions=action, logprobs=logprob, values=value))
+            steps.append(dict(obs=next_obs, actions=action, logprobs=logprob, values=value))
+            env_steps.append(dict(dones=next_done))
 
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-            reward = torch.tensor(reward, dtype=torch.float32, device=device)
+            reward = reward.astype(np.float32)
             if "final_obs" in infos:
                 reward = bootstrap_truncated(
-                    reward, terminations, truncations, infos["final_obs"], ppo.value, args.gamma
+                    reward, terminations, truncations, infos["final_obs"], ppo.value, args.gamma, device
                 )
                 for index in np.flatnonzero(infos["final_info"].get("_episode", [])):
                     run.episode(float(infos["final_info"]["episode"]["r"][index]), global_step)
-            steps[-1]["rewards"] = reward
+            env_steps[-1]["rewards"] = reward
             next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
-            next_done = torch.tensor(terminations | truncations, dtype=torch.float32, device=device)
+            next_done = (terminations | truncations).astype(np.float32)
 
         rollout = TensorDict(
-            {key: torch.stack([s[key] for s in steps]) for key in steps[0]}, [args.num_steps, args.num_envs]
+            {
+                **{key: torch.stack([s[key] for s in steps]) for key in steps[0]},
+                **{key: torch.as_tensor(np.stack([s[key] for s in env_steps]), device=device) for key in env_steps[0]},
+            },
+            [args.num_steps, args.num_envs],
         )
         rollout["advantages"] = ppo.gae(
-            rollout["rewards"], rollout["values"], rollout["dones"], ppo.value(next_obs), next_done
+            rollout["rewards"],
+            rollout["values"],
+            rollout["dones"],
+            ppo.value(next_obs),
+            torch.as_tensor(next_done, device=device),
         )
         rollout["returns"] = rollout["advantages"] + rollout["values"]
 
