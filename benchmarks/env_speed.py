@@ -15,7 +15,6 @@ median sps is divided by the env's median: 100% would be an agent that costs not
 
 import argparse
 import importlib.util
-import json
 import pathlib
 import statistics
 import sys
@@ -23,6 +22,7 @@ import time
 
 import gymnasium as gym
 import numpy as np
+from speedup_table import read_results, variant  # benchmarks/ is on the path when this file runs
 
 LEANRL = pathlib.Path(__file__).resolve().parent.parent / "leanrl"
 sys.path.insert(0, str(LEANRL))  # the scripts import run_utils from their folder
@@ -63,12 +63,6 @@ def steps_per_second(envs, num_envs, iterations, warmup):
     return iterations * num_envs / (time.perf_counter() - start)
 
 
-def variant(result):
-    if not result["script"].endswith("_torchcompile.py"):
-        return "plain"
-    return "+".join(["twin"] + [flag for flag in ("compile", "cudagraphs") if result[flag]])
-
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scripts", nargs="+", choices=SCRIPTS, default=list(SCRIPTS))
@@ -77,7 +71,7 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--results", type=pathlib.Path, help="run.sh's results.jsonl, from this machine")
     args = parser.parse_args()
-    results = [json.loads(line) for line in args.results.open()] if args.results else []
+    results = read_results(args.results) if args.results else []
 
     print("| script | env | num_envs | env alone (steps/s) | variant | sps, median | sps / env alone |")
     print("|---|---|---|---|---|---|---|")

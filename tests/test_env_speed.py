@@ -1,11 +1,11 @@
 """benchmarks/env_speed.py: it steps the PPO scripts' own envs, and divides each variant's median sps by their speed."""
 
-import json
 import re
 import subprocess
 import sys
 
 from conftest import REPO_ROOT
+from test_speedup_table import result, write_results
 
 TOOL = REPO_ROOT / "benchmarks" / "env_speed.py"
 
@@ -20,15 +20,15 @@ def run_tool(*flags):
 
 
 def test_each_variant_against_the_envs_alone(tmp_path):
-    def line(script, compile_, sps):
-        return json.dumps(dict(script=script, compile=compile_, cudagraphs=False, sps=sps)) + "\n"
-
-    results = tmp_path / "results.jsonl"
-    results.write_text(
-        line("ppo_continuous_action.py", False, 100.0)
-        + line("ppo_continuous_action.py", False, 300.0)
-        + line("ppo_continuous_action_torchcompile.py", True, 150.0)
-        + line("sac_continuous_action.py", False, 10.0)  # another script: not in the PPO rows
+    continuous = ("ppo_continuous_action", "ppo_continuous", "HalfCheetah-v5")
+    results = write_results(
+        tmp_path / "results.jsonl",
+        [
+            result(*continuous, "plain", 1, 100.0),
+            result(*continuous, "plain", 2, 300.0),
+            result(*continuous, "twin+compile", 1, 150.0),
+            result("sac_continuous_action", "sac", "HalfCheetah-v5", "plain", 1, 10.0),  # not in the PPO rows
+        ],
     )
     rows = run_tool("--results", results)
     assert len(rows) == 3, rows  # two variants of continuous PPO, and Atari with no runs
