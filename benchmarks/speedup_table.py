@@ -47,8 +47,8 @@ TABLES = (
 
 
 def fail(message):
-    """A user's mistake: one line on stderr, exit status 2."""
-    print(f"speedup_table.py: error: {message}", file=sys.stderr)
+    """A user's mistake: one line on stderr, exit status 2, named for the tool run (env_speed.py reads results too)."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
     sys.exit(2)
 
 

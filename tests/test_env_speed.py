@@ -10,12 +10,14 @@ from test_speedup_table import result, write_results
 TOOL = REPO_ROOT / "benchmarks" / "env_speed.py"
 
 
-def run_tool(*flags):
+def run_tool(*flags, status=0):
     completed = subprocess.run(
         [sys.executable, str(TOOL), "--iterations", "30", "--warmup", "2", "--repeats", "1", *map(str, flags)],
         capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
     )  # fmt: skip
-    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert completed.returncode == status, completed.stderr[-2000:]
+    if status:
+        return completed.stderr
     return [line.split("|")[1:-1] for line in completed.stdout.splitlines() if re.match(r"\| ppo_", line)]
 
 
@@ -43,3 +45,10 @@ def test_each_variant_against_the_envs_alone(tmp_path):
     assert by_variant[("ppo_continuous_action", "twin+compile")][2] == "150"
     env_id, num_envs, sps, share, _ = by_variant[("ppo_atari_envpool", "")]
     assert (env_id, num_envs, sps, share) == ("Breakout-v5", 8, "", "")
+
+
+def test_a_malformed_results_file_is_refused_in_one_line_under_its_own_name(tmp_path):
+    results = tmp_path / "results.jsonl"
+    results.write_text('{"sps": 1}\n')
+    err = run_tool("--results", results, status=2)
+    assert err.startswith(f"env_speed.py: error: {results}, line 1: no ") and err.count("\n") == 1, err
