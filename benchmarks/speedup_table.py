@@ -67,6 +67,8 @@ def describe_machine():
 
     return {
         "cpu": cpu_name(),
+        # the vector instructions torch's CPU kernels use: machines that differ in it round differently
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "torch": torch.__version__,
@@ -77,7 +79,8 @@ def describe_machine():
 def machine_text(machine):
     gpu = f"GPU {machine['gpu']}" if machine["gpu"] else "no CUDA GPU"
     threads = machine["torch_threads"]
-    return f"{machine['cpu']}, {machine['cores']} cores ({threads} torch thread{'s' if threads != 1 else ''}), {gpu}"
+    cpu = f"{machine['cpu']} ({machine['cpu_capability']})" if "cpu_capability" in machine else machine["cpu"]
+    return f"{cpu}, {machine['cores']} cores ({threads} torch thread{'s' if threads != 1 else ''}), {gpu}"
 
 
 def read_results(path):

@@ -83,7 +83,14 @@ HAND_MADE = [
     # ppo_atari: the plain script's run failed (no line), the twin ran.
     result("ppo_atari_envpool", "ppo_atari", "Breakout-v5", "twin", 1, 300.0),
 ]  # fmt: skip
-MACHINE = {"cpu": "Test CPU 9000", "cores": 64, "gpu": "Test GPU", "torch": "2.13.0", "torch_threads": 32}
+MACHINE = {
+    "cpu": "Test CPU 9000",
+    "cpu_capability": "AVX512",
+    "cores": 64,
+    "gpu": "Test GPU",
+    "torch": "2.13.0",
+    "torch_threads": 32,
+}
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +143,7 @@ def test_return_and_warm_up_tables(hand_made_report):
 
 def test_header_names_the_machine_and_notes_name_what_is_missing(hand_made_report):
     out, text, completed = hand_made_report
-    assert "Machine: Test CPU 9000, 64 cores (32 torch threads), GPU Test GPU" in text
+    assert "Machine: Test CPU 9000 (AVX512), 64 cores (32 torch threads), GPU Test GPU" in text
     assert "torch 2.13.0; runs on device cpu, cuda:0." in text
     assert f"{len(HAND_MADE)} runs, seeds: 1, 2, 3" in text
     notes = text.split("Notes:\n", 1)[1]
