@@ -12,7 +12,8 @@
 #            the CUDA cases alone (pytest -m cuda: 52 cases).
 #   speedup:S  ./run.sh --quick for seed S, every pair and variant (OUT_DIR/speedup-seedS/). One seed is one
 #            stage: on an H100 machine (16 cores), 17 of a seed's 20 runs took 9 minutes with a cold compile
-#            cache, about 12 s of each run being the imports of torch and the envs.
+#            cache, about 12 s of each run being the imports of torch and the envs. speedup:S:X runs the pair X
+#            alone (OUT_DIR/speedup-seedS-X/), so that a seed can be split over calls shorter than that.
 #   table    the speed-up table and plots of every speedup:S stage run so far (OUT_DIR/speedup/).
 #   envspeed benchmarks/env_speed.py: the PPO scripts' envs alone, random actions, and each PPO variant's sps of the
 #            table stage against them (OUT_DIR/env_speed.md).
@@ -34,13 +35,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke[:PAIR]|tests[:cuda]|speedup:SEED|table|envspeed|learning|micro|profile[:PAIR]|scaling ...]" >&2; exit 2; }
+(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke[:PAIR]|tests[:cuda]|speedup:SEED[:PAIR]|table|envspeed|learning|micro|profile[:PAIR]|scaling ...]" >&2; exit 2; }
 out=$1
 shift
 stages=("$@")
 ((${#stages[@]})) || stages=(smoke tests speedup:1 speedup:2 speedup:3 table envspeed micro profile scaling)
 for stage in "${stages[@]}"; do
-  [[ $stage =~ ^(smoke(:[a-z_]+)?|tests(:cuda)?|speedup:[0-9]+|table|envspeed|learning|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
+  [[ $stage =~ ^(smoke(:[a-z_]+)?|tests(:cuda)?|speedup:[0-9]+(:[a-z_]+)?|table|envspeed|learning|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
     { echo "gpu_check: unknown stage '$stage'" >&2; exit 2; }
 done
 mkdir -p "$out"
@@ -180,6 +181,11 @@ for stage in "${stages[@]}"; do
     tests:cuda)
       "$python" -m pytest -n auto -m cuda tests -q -p no:cacheprovider 2>&1 | tee "$out/pytest_cuda.log" | tail -n 40 ||
         status=1
+      ;;
+    speedup:*:*)
+      IFS=: read -r _ seed pair <<<"$stage"
+      rm -rf "$out/speedup-seed$seed-$pair"
+      PYTHON=$python ./run.sh --quick --seeds "$seed" --scripts "$pair" --out "$out/speedup-seed$seed-$pair" || status=1
       ;;
     speedup:*)
       seed=${stage#speedup:}
