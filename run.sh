@@ -22,12 +22,15 @@ Modes (each run's budget flags are in the budget table near the top of run.sh):
                      week on a 2-core CPU.
   --quick            the envs of the full runs, a budget just long enough for a steady sps (which counts
                      neither the random warm-up nor the 3 burn-in iterations): SAC 5000 random + 1500
-                     training steps, TD3 25000 random (the default; a few seconds) + 1500, PPO 3 + 3
-                     rollouts (continuous: 2048 steps each; Atari: 8 envs x 128), DQN 10000 random + 20000
-                     (2000 gradient steps). Default 3 seeds: 45 runs on a CPU, about 15 minutes on 2 cores
-                     (measured without DQN: 11 min 12 s and 11 min 31 s on a 2-core Xeon VM with a warm compile
-                     cache, a cold cache adding 20-30 s per compiled twin; DQN's 9 runs alone: 2 min 59 s on a
-                     2-core AMD EPYC VM).
+                     training steps, TD3 25000 random (the default; a few seconds) + 1500, PPO
+                     continuous 3 + 3 rollouts of 2048 steps, PPO Atari 3 + 20 rollouts of 8 envs x 128
+                     (3 + 3 measured a second on an H100: too short to be steady), DQN 10000 random + 20000
+                     (2000 gradient steps). Default 3 seeds: 54 runs on a CPU, about 60 minutes on 2 cores
+                     (an estimate from parts: a ppo_atari_envpool run took 2.6 to 3.5 min on a 2-core AMD EPYC
+                     VM, 18 such runs counting the distributed pair's; before that pair and the longer Atari
+                     budget, the 36 runs of four pairs took 11 min 12 s and 11 min 31 s on a 2-core Xeon VM with
+                     a warm compile cache, a cold cache adding 20-30 s per compiled twin, and DQN's 9 runs 2 min
+                     59 s on the AMD EPYC VM).
   --tiny             a few hundred steps per run on small envs, seed 1: checks that everything runs (CI);
                      its speeds mean nothing.
 The distributed Atari pair runs as a world of one, a plain launch (its row is ppo_atari_distributed); runs of
@@ -84,8 +87,8 @@ budget() { # $1: mode, $2: script
     quick/sac_continuous_action) echo "--total-timesteps 6500" ;;  # 5000 random + 1500 training steps
     quick/td3_continuous_action) echo "--total-timesteps 26500" ;; # 25000 random (a few s) + 1500 training
     quick/ppo_continuous_action) echo "--total-timesteps 12288" ;; # (3 burn-in + 3) rollouts of 2048 steps
-    quick/ppo_atari_envpool | quick/ppo_atari_envpool_distributed) # (3 burn-in + 3) rollouts of 8 envs x 128
-      echo "--total-timesteps 6144" ;; # the distributed pair: a world of one (run.sh launches with python)
+    quick/ppo_atari_envpool | quick/ppo_atari_envpool_distributed) # (3 burn-in + 20) rollouts of 8 envs x 128
+      echo "--total-timesteps 23552" ;; # the distributed pair: a world of one (run.sh launches with python)
     quick/dqn) echo "--total-timesteps 30000" ;;                   # 10000 random + 20000 (2000 gradient steps)
     tiny/sac_continuous_action | tiny/td3_continuous_action)
       echo "--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 200" ;;
