@@ -182,15 +182,11 @@ for stage in "${stages[@]}"; do
       "$python" -m pytest -n auto -m cuda tests -q -p no:cacheprovider 2>&1 | tee "$out/pytest_cuda.log" | tail -n 40 ||
         status=1
       ;;
-    speedup:*:*)
-      IFS=: read -r _ seed pair <<<"$stage"
-      rm -rf "$out/speedup-seed$seed-$pair"
-      PYTHON=$python ./run.sh --quick --seeds "$seed" --scripts "$pair" --out "$out/speedup-seed$seed-$pair" || status=1
-      ;;
     speedup:*)
-      seed=${stage#speedup:}
-      rm -rf "$out/speedup-seed$seed"
-      PYTHON=$python ./run.sh --quick --seeds "$seed" --out "$out/speedup-seed$seed" || status=1
+      IFS=: read -r _ seed pair <<<"$stage" # no pair: LEANRL_SCRIPTS empty, every pair
+      dir=$out/speedup-seed$seed${pair:+-$pair}
+      rm -rf "$dir"
+      PYTHON=$python LEANRL_SCRIPTS=$pair ./run.sh --quick --seeds "$seed" --out "$dir" || status=1
       ;;
     table)
       mkdir -p "$out/speedup"
