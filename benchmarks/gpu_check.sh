@@ -17,9 +17,10 @@
 #   table    the speed-up table and plots of every speedup:S stage run so far (OUT_DIR/speedup/).
 #   envspeed benchmarks/env_speed.py: the PPO scripts' envs alone, random actions, and each PPO variant's sps of the
 #            table stage against them (OUT_DIR/env_speed.md).
-#   learning SAC and TD3 twins, --compile --cudagraphs, HalfCheetah-v5, 300k steps, seeds 1 and 2, the four runs side
-#            by side (benchmarks/learning_curves.py records, with each episode's wall-clock time, in
-#            OUT_DIR/learning/<algo>/; a plot and a table of the minutes to a return of 5000 in OUT_DIR/learning/).
+#   learning SAC and TD3 twins, --compile --cudagraphs, HalfCheetah-v5, 300k steps (learning:STEPS: that many), seeds
+#            1 and 2, the four runs side by side (benchmarks/learning_curves.py records, with each episode's wall-clock time, in
+#            OUT_DIR/learning/<algo>/; a plot and a table of the minutes to a return of 5000 in OUT_DIR/learning/). The runs
+#            checkpoint every 50k steps and at a SIGTERM: the same stage, same OUT_DIR, resumes what was cut off.
 #   micro    benchmarks/micro_benchmark.py on CUDA: action selection at batch 1-256 and the updates, eager,
 #            compiled, compiled and captured (OUT_DIR/micro_cuda.md).
 #   profile  each twin with --compile --cudagraphs under cProfile, on the full runs' env: the 30 functions with
@@ -35,13 +36,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke[:PAIR]|tests[:cuda]|speedup:SEED[:PAIR]|table|envspeed|learning|micro|profile[:PAIR]|scaling ...]" >&2; exit 2; }
+(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke[:PAIR]|tests[:cuda]|speedup:SEED[:PAIR]|table|envspeed|learning[:STEPS]|micro|profile[:PAIR]|scaling ...]" >&2; exit 2; }
 out=$1
 shift
 stages=("$@")
 ((${#stages[@]})) || stages=(smoke tests speedup:1 speedup:2 speedup:3 table envspeed micro profile scaling)
 for stage in "${stages[@]}"; do
-  [[ $stage =~ ^(smoke(:[a-z_]+)?|tests(:cuda)?|speedup:[0-9]+(:[a-z_]+)?|table|envspeed|learning|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
+  [[ $stage =~ ^(smoke(:[a-z_]+)?|tests(:cuda)?|speedup:[0-9]+(:[a-z_]+)?|table|envspeed|learning(:[0-9]+)?|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
     { echo "gpu_check: unknown stage '$stage'" >&2; exit 2; }
 done
 mkdir -p "$out"
@@ -113,13 +114,13 @@ profile_flags() {
   esac
 }
 
-learning() {
+learning() { # $1: the env steps of each run
   local pids=() algo seed
   for algo in sac td3; do
     mkdir -p "$out/learning/$algo"
     for seed in 1 2; do
       OMP_NUM_THREADS=2 "$python" benchmarks/learning_curves.py run --script ${algo}_continuous_action_torchcompile \
-        --seeds $seed --out "$out/learning/$algo" -- --compile --cudagraphs --total-timesteps 300000 \
+        --seeds $seed --checkpoint-every 50000 --out "$out/learning/$algo" -- --compile --cudagraphs --total-timesteps $1 \
         >"$out/learning/$algo-seed$seed.log" 2>&1 &
       pids+=($!)
     done
@@ -199,7 +200,8 @@ for stage in "${stages[@]}"; do
       [[ -s $out/speedup/results.jsonl ]] && results=(--results "$out/speedup/results.jsonl")
       "$python" benchmarks/env_speed.py --repeats 3 "${results[@]}" | tee "$out/env_speed.md" || status=1
       ;;
-    learning) learning ;;
+    learning) learning 300000 ;;
+    learning:*) learning "${stage#learning:}" ;;
     micro)
       "$python" benchmarks/micro_benchmark.py --devices cuda --repeats 3 --out "$out/micro_cuda.md" \
         --configs "plain (eager)" "twin (eager)" "twin --compile" "twin --compile --cudagraphs" || status=1
