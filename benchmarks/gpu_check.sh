@@ -18,9 +18,11 @@
 #   envspeed benchmarks/env_speed.py: the PPO scripts' envs alone, random actions, and each PPO variant's sps of the
 #            table stage against them (OUT_DIR/env_speed.md).
 #   learning SAC and TD3 twins, --compile --cudagraphs, HalfCheetah-v5, 300k steps (learning:STEPS: that many), seeds
-#            1 and 2, the four runs side by side (benchmarks/learning_curves.py records, with each episode's wall-clock time, in
-#            OUT_DIR/learning/<algo>/; a plot and a table of the minutes to a return of 5000 in OUT_DIR/learning/). The runs
-#            checkpoint every 50k steps and at a SIGTERM: the same stage, same OUT_DIR, resumes what was cut off.
+#            1 and 2, one run at a time (benchmarks/learning_curves.py records, with each episode's wall-clock time, in
+#            OUT_DIR/learning/<algo>/; a plot and a table of the minutes to a return of 5000 in OUT_DIR/learning/). Side
+#            by side on one H100 the four went at 316 sps each, about a quarter of the speed-up table's (1102, 1248). The
+#            runs checkpoint every 50k steps and at a SIGTERM: the same stage with the same OUT_DIR skips finished runs
+#            and resumes a cut one, so the stage can span calls on a warm machine (at 1100 sps a 300k run is 4.5 min).
 #   micro    benchmarks/micro_benchmark.py on CUDA: action selection at batch 1-256 and the updates, eager,
 #            compiled, compiled and captured (OUT_DIR/micro_cuda.md).
 #   profile  each twin with --compile --cudagraphs under cProfile, on the full runs' env: the 30 functions with
@@ -115,17 +117,15 @@ profile_flags() {
 }
 
 learning() { # $1: the env steps of each run
-  local pids=() algo seed
+  local algo seed
   for algo in sac td3; do
     mkdir -p "$out/learning/$algo"
-    for seed in 1 2; do
+    for seed in 1 2; do # one at a time: their minutes are a user's, not those of a GPU shared four ways
       OMP_NUM_THREADS=2 "$python" benchmarks/learning_curves.py run --script ${algo}_continuous_action_torchcompile \
-        --seeds $seed --checkpoint-every 50000 --out "$out/learning/$algo" -- --compile --cudagraphs --total-timesteps $1 \
-        >"$out/learning/$algo-seed$seed.log" 2>&1 &
-      pids+=($!)
+        --seeds $seed --checkpoint-every 50000 --out "$out/learning/$algo" -- --compile --cudagraphs \
+        --total-timesteps $1 >>"$out/learning/$algo-seed$seed.log" 2>&1 || status=1
     done
   done
-  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
   "$python" benchmarks/learning_curves.py plot "$out/learning/sac" "$out/learning/td3" --out "$out/learning/curves.png" \
     --reach 5000 || status=1
 }
