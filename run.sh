@@ -25,12 +25,10 @@ Modes (each run's budget flags are in the budget table near the top of run.sh):
                      training steps, TD3 25000 random (the default; a few seconds) + 1500, PPO
                      continuous 3 + 3 rollouts of 2048 steps, PPO Atari 3 + 20 rollouts of 8 envs x 128
                      (3 + 3 measured a second on an H100: too short to be steady), DQN 10000 random + 20000
-                     (2000 gradient steps). Default 3 seeds: 54 runs on a CPU, about 60 minutes on 2 cores
-                     (an estimate from parts: a ppo_atari_envpool run took 2.6 to 3.5 min on a 2-core AMD EPYC
-                     VM, 18 such runs counting the distributed pair's; before that pair and the longer Atari
-                     budget, the 36 runs of four pairs took 11 min 12 s and 11 min 31 s on a 2-core Xeon VM with
-                     a warm compile cache, a cold cache adding 20-30 s per compiled twin, and DQN's 9 runs 2 min
-                     59 s on the AMD EPYC VM).
+                     (2000 gradient steps). Default 3 seeds: 54 runs on a CPU, about 70 minutes on 2 cores
+                     (69 min 9 s on a 2-core AMD EPYC VM with a warm compile cache, 2026-11-26, of which 50 min
+                     for the 18 Breakout runs of the two Atari pairs; a cold cache adds 20-30 s per compiled
+                     twin).
   --tiny             a few hundred steps per run on small envs, seed 1: checks that everything runs (CI);
                      its speeds mean nothing.
 The distributed Atari pair runs as a world of one, a plain launch (its row is ppo_atari_distributed); runs of
