@@ -117,14 +117,13 @@ profile_flags() {
 }
 
 learning() { # $1: the env steps of each run
-  local algo seed
+  local algo
   for algo in sac td3; do
     mkdir -p "$out/learning/$algo"
-    for seed in 1 2; do # one at a time: their minutes are a user's, not those of a GPU shared four ways
-      OMP_NUM_THREADS=2 "$python" benchmarks/learning_curves.py run --script ${algo}_continuous_action_torchcompile \
-        --seeds $seed --checkpoint-every 50000 --out "$out/learning/$algo" -- --compile --cudagraphs \
-        --total-timesteps $1 >>"$out/learning/$algo-seed$seed.log" 2>&1 || status=1
-    done
+    # learning_curves.py runs the seeds one at a time: their minutes are a user's, not those of a shared GPU
+    OMP_NUM_THREADS=2 "$python" benchmarks/learning_curves.py run --script ${algo}_continuous_action_torchcompile \
+      --seeds 1 2 --checkpoint-every 50000 --out "$out/learning/$algo" -- --compile --cudagraphs \
+      --total-timesteps $1 >>"$out/learning/$algo.log" 2>&1 || status=1
   done
   "$python" benchmarks/learning_curves.py plot "$out/learning/sac" "$out/learning/td3" --out "$out/learning/curves.png" \
     --reach 5000 || status=1
