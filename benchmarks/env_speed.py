@@ -11,6 +11,12 @@ them. ppo_atari_envpool: its make_envs, with its defaults (envpool, a thread per
 times after --warmup, the actions drawn before the clock starts; the table gives the median env steps per second
 over repeats and their range. With --results (run.sh's results.jsonl, made on the same machine), each variant's
 median sps is divided by the env's median: 100% would be an agent that costs nothing.
+
+    python benchmarks/env_speed.py --frames   # on a GPU: what copying ppo_atari_envpool's frames there costs
+
+With --frames, a second table: the Atari envs alone, then with each step's frames copied to the GPU, from pageable
+memory (`torch.as_tensor`) and the twin's way (`frames_to_device`: through pinned memory), each waited for as the
+training loop waits for them, the three in turn in each repeat; and each copy's cost in microseconds per step.
 """
 
 import argparse
@@ -22,7 +28,8 @@ import time
 
 import gymnasium as gym
 import numpy as np
-from speedup_table import read_results, variant  # benchmarks/ is on the path when this file runs
+import torch
+from speedup_table import fail, read_results, variant  # benchmarks/ is on the path when this file runs
 
 LEANRL = pathlib.Path(__file__).resolve().parent.parent / "leanrl"
 sys.path.insert(0, str(LEANRL))  # the scripts import run_utils from their folder
@@ -48,7 +55,7 @@ def make_envs(name):
     return args, envs
 
 
-def steps_per_second(envs, num_envs, iterations, warmup):
+def steps_per_second(envs, num_envs, iterations, warmup, after_step=None):
     envs.reset()
     envs.action_space.seed(0)
     if isinstance(envs, gym.vector.SyncVectorEnv):  # its action space is the batch's
@@ -59,7 +66,9 @@ def steps_per_second(envs, num_envs, iterations, warmup):
         envs.step(action)
     start = time.perf_counter()
     for action in actions[warmup:]:
-        envs.step(action)
+        obs = envs.step(action)[0]
+        if after_step:
+            after_step(obs)
     return iterations * num_envs / (time.perf_counter() - start)
 
 
@@ -70,7 +79,10 @@ if __name__ == "__main__":
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--results", type=pathlib.Path, help="run.sh's results.jsonl, from this machine")
+    parser.add_argument("--frames", action="store_true", help="also time the Atari frames' copies to the GPU")
     args = parser.parse_args()
+    if args.frames and not torch.cuda.is_available():
+        fail("--frames copies frames to a GPU: torch sees no CUDA device")
     results = read_results(args.results) if args.results else []
 
     print("| script | env | num_envs | env alone (steps/s) | variant | sps, median | sps / env alone |")
@@ -94,3 +106,36 @@ if __name__ == "__main__":
         for label, values in by_variant.items():
             sps = statistics.median(values)
             print(f"{row} | {label} | {sps:.0f} | {sps / env_rate:.0%} |")
+
+    if args.frames:
+        cuda = torch.device("cuda")
+        frames_to_device = load_script("ppo_atari_envpool_torchcompile").frames_to_device
+        copies = {
+            "envs alone": None,
+            "+ frames to the GPU, pageable (torch.as_tensor)": lambda obs: torch.as_tensor(obs, device=cuda),
+            "+ frames to the GPU, pinned (the twin's frames_to_device)": lambda obs: frames_to_device(obs, cuda),
+        }
+
+        def waited_for(copy):
+            def after_step(obs):
+                copy(obs)
+                torch.cuda.current_stream().synchronize()  # the policy needs the frames: a step waits for them
+
+            return after_step
+
+        script_args, envs = make_envs("ppo_atari_envpool")
+        rates = {label: [] for label in copies}
+        for _ in range(args.repeats):
+            for label, copy in copies.items():
+                after_step = waited_for(copy) if copy else None
+                rates[label].append(
+                    steps_per_second(envs, script_args.num_envs, args.iterations, args.warmup, after_step)
+                )
+        envs.close()
+        alone = statistics.median(rates["envs alone"])
+        print(f"\n| {script_args.env_id}, {script_args.num_envs} envs | env steps/s, median [min, max] | us per step |")
+        print("|---|---|---|")
+        for label, values in rates.items():
+            rate = statistics.median(values)
+            cost = (1 / rate - 1 / alone) * script_args.num_envs * 1e6  # a step steps every env once
+            print(f"| {label} | {rate:.0f} [{min(values):.0f}, {max(values):.0f}] | {cost:.0f} |")

@@ -9,14 +9,15 @@
 #            the warm-up or a missing results line is reported as FAILED (logs in OUT_DIR/smoke/); smoke:X smokes the
 #            pair X alone (named by its plain script).
 #   tests    python -m pytest -n auto tests: the CPU suite and its CUDA cases (OUT_DIR/pytest.log); tests:cuda runs
-#            the CUDA cases alone (pytest -m cuda: 52 cases).
+#            the CUDA cases alone (pytest -m cuda: 55 cases).
 #   speedup:S  ./run.sh --quick for seed S, every pair and variant (OUT_DIR/speedup-seedS/). One seed is one
 #            stage: on an H100 machine (16 cores), 17 of a seed's 20 runs took 9 minutes with a cold compile
 #            cache, about 12 s of each run being the imports of torch and the envs. speedup:S:X runs the pair X
 #            alone (OUT_DIR/speedup-seedS-X/), so that a seed can be split over calls shorter than that.
 #   table    the speed-up table and plots of every speedup:S stage run so far (OUT_DIR/speedup/).
 #   envspeed benchmarks/env_speed.py: the PPO scripts' envs alone, random actions, and each PPO variant's sps of the
-#            table stage against them (OUT_DIR/env_speed.md).
+#            table stage against them; then Breakout's envs with each step's frames copied to the GPU, from pageable
+#            memory and through pinned memory as the Atari twins do (--frames): OUT_DIR/env_speed.md.
 #   learning SAC and TD3 twins, --compile --cudagraphs, HalfCheetah-v5, 300k steps (learning:STEPS: that many), seeds
 #            1 and 2, one run at a time (benchmarks/learning_curves.py records, with each episode's wall-clock time, in
 #            OUT_DIR/learning/<algo>/; a plot and a table of the minutes to a return of 5000 in OUT_DIR/learning/). Side
@@ -197,7 +198,7 @@ for stage in "${stages[@]}"; do
     envspeed)
       results=()
       [[ -s $out/speedup/results.jsonl ]] && results=(--results "$out/speedup/results.jsonl")
-      "$python" benchmarks/env_speed.py --repeats 3 "${results[@]}" | tee "$out/env_speed.md" || status=1
+      "$python" benchmarks/env_speed.py --repeats 3 --frames "${results[@]}" | tee "$out/env_speed.md" || status=1
       ;;
     learning) learning 300000 ;;
     learning:*) learning "${stage#learning:}" ;;

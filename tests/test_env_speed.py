@@ -4,7 +4,9 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO_ROOT
+import pytest
+import torch
+from conftest import REPO_ROOT, requires_cuda
 from test_speedup_table import result, write_results
 
 TOOL = REPO_ROOT / "benchmarks" / "env_speed.py"
@@ -52,3 +54,27 @@ def test_a_malformed_results_file_is_refused_in_one_line_under_its_own_name(tmp_
     results.write_text('{"sps": 1}\n')
     err = run_tool("--results", results, status=2)
     assert err.startswith(f"env_speed.py: error: {results}, line 1: no ") and err.count("\n") == 1, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the case of a machine without a GPU")
+def test_frames_without_a_gpu_are_refused_in_one_line():
+    err = run_tool("--frames", status=2)
+    assert err == "env_speed.py: error: --frames copies frames to a GPU: torch sees no CUDA device\n", err
+
+
+@requires_cuda
+def test_frames_table_times_each_copy_against_the_envs_alone():
+    completed = subprocess.run(
+        [sys.executable, str(TOOL), "--scripts", "ppo_atari_envpool", "--iterations", "30", "--warmup", "2",
+         "--repeats", "2", "--frames"],
+        capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in completed.stdout.splitlines() if re.match(r"\| (envs|\+ frames)", line)]
+    assert [row[0].strip() for row in rows] == [
+        "envs alone",
+        "+ frames to the GPU, pageable (torch.as_tensor)",
+        "+ frames to the GPU, pinned (the twin's frames_to_device)",
+    ]
+    assert all(float(row[1].split()[0]) > 0 for row in rows)
+    assert rows[0][2].strip() == "0"  # the envs alone cost nothing over themselves

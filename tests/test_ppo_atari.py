@@ -384,6 +384,23 @@ def test_twin_eager_update_matches_plain(device):
         assert acting.data_ptr() == parameter.data_ptr(), f"the acting copy of {path} has its own storage"
 
 
+@pytest.mark.parametrize("twin", [TWIN, "ppo_atari_envpool_distributed_torchcompile"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_frames_reach_the_device_unchanged(twin, device):
+    """frames_to_device gives the env's uint8 frames on the device: on the CPU the env's own array (no copy), on a GPU
+    a copy (through pinned memory) that a later write to the env's array does not reach."""
+    frames = np.random.default_rng(0).integers(0, 256, (8, 4, 84, 84), dtype=np.uint8)
+    expected = torch.from_numpy(frames.copy())
+    on_device = load_script(twin).frames_to_device(frames, torch.device(device))
+    assert on_device.dtype == torch.uint8 and on_device.device.type == device
+    if device == "cpu":
+        assert on_device.data_ptr() == frames.ctypes.data
+    else:
+        frames[:] = 0  # the env's next step may write here while the copy runs
+        torch.cuda.synchronize()
+    assert torch.equal(on_device.cpu(), expected)
+
+
 # --- 4. Flags -------------------------------------------------------------------------------------------------------
 
 
