@@ -62,10 +62,9 @@ def steps_per_second(envs, num_envs, iterations, warmup, after_step=None):
         actions = [envs.action_space.sample() for _ in range(iterations + warmup)]
     else:  # envpool: the space of one env's action
         actions = [np.array([envs.action_space.sample() for _ in range(num_envs)]) for _ in range(iterations + warmup)]
-    for action in actions[:warmup]:
-        envs.step(action)
-    start = time.perf_counter()
-    for action in actions[warmup:]:
+    for step, action in enumerate(actions):
+        if step == warmup:  # the warm-up steps make the first copies too (CUDA's start, pinned memory's allocation)
+            start = time.perf_counter()
         obs = envs.step(action)[0]
         if after_step:
             after_step(obs)
