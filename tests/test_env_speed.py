@@ -12,7 +12,8 @@ from test_speedup_table import result, write_results
 TOOL = REPO_ROOT / "benchmarks" / "env_speed.py"
 
 
-def run_tool(*flags, status=0):
+def run_tool(*flags, status=0, rows=r"\| ppo_"):
+    """The tool's stderr if it is to fail, else the cells of its table rows that match `rows` (the first table's)."""
     completed = subprocess.run(
         [sys.executable, str(TOOL), "--iterations", "30", "--warmup", "2", "--repeats", "1", *map(str, flags)],
         capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
@@ -20,7 +21,7 @@ def run_tool(*flags, status=0):
     assert completed.returncode == status, completed.stderr[-2000:]
     if status:
         return completed.stderr
-    return [line.split("|")[1:-1] for line in completed.stdout.splitlines() if re.match(r"\| ppo_", line)]
+    return [line.split("|")[1:-1] for line in completed.stdout.splitlines() if re.match(rows, line)]
 
 
 def test_each_variant_against_the_envs_alone(tmp_path):
@@ -64,13 +65,7 @@ def test_frames_without_a_gpu_are_refused_in_one_line():
 
 @requires_cuda
 def test_frames_table_times_each_copy_against_the_envs_alone():
-    completed = subprocess.run(
-        [sys.executable, str(TOOL), "--scripts", "ppo_atari_envpool", "--iterations", "30", "--warmup", "2",
-         "--repeats", "2", "--frames"],
-        capture_output=True, text=True, timeout=600, cwd=REPO_ROOT,
-    )  # fmt: skip
-    assert completed.returncode == 0, completed.stderr[-2000:]
-    rows = [line.split("|")[1:-1] for line in completed.stdout.splitlines() if re.match(r"\| (envs|\+ frames)", line)]
+    rows = run_tool("--scripts", "ppo_atari_envpool", "--frames", rows=r"\| (envs|\+ frames)")
     assert [row[0].strip() for row in rows] == [
         "envs alone",
         "+ frames to the GPU, pageable (torch.as_tensor)",
