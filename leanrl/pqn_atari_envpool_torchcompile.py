@@ -1,0 +1,433 @@
+# Parallelised Q-learning (PQN) on Atari (envpool), written for speed: the same agent and flags as
+# pqn_atari_envpool.py, plus --compile and --cudagraphs. `diff` the two files to see the speed tricks.
+# PQN (Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning") is DQN without a replay buffer and
+# without a target network: many envs fill an on-policy rollout, a Q network with LayerNorm (which keeps its
+# bootstrapped targets stable) regresses onto the rollout's Q(lambda) returns for a few epochs, and the rollout goes.
+import os
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import envpool
+import numpy as np
+import run_utils
+import torch
+import torch.nn as nn
+import tyro
+from envpool.registration import registry
+from tensordict import TensorDict, from_module
+from tensordict.nn import CudaGraphModule
+
+
+@dataclass
+class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cuda, checkpoints, evaluation, ...)
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    env_id: str = "Breakout-v5"
+    """the id of the environment (an envpool Atari game)"""
+    total_timesteps: int = 10000000
+    """total timesteps of the experiment"""
+    measure_burnin: int = 3
+    """training iterations (rollout + update) left out of the sps measure (compile, warm-up)"""
+    checkpoint_every: int = 0
+    """with --save-model, also save the checkpoint every this many env steps (0: only at the end): after the iteration in which the step count reaches each multiple"""
+    eval_episodes: int = 10
+    """games of the saved agent's epsilon-greedy policy (epsilon 0.05) on a fresh env after training"""
+    capture_video: bool = False
+    """with --save-model, record the evaluation games as MP4 files in a videos/ folder beside the checkpoint: the agent's 84x84 view (envpool's Atari envs cannot render)"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 8
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per rollout"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing for the Q network"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    num_minibatches: int = 4
+    """the number of mini-batches"""
+    update_epochs: int = 4
+    """the K epochs to update the Q network on each rollout"""
+    max_grad_norm: float = 10.0
+    """the maximum norm for the gradient clipping"""
+    start_e: float = 1.0
+    """the exploration rate epsilon (probability of a random action) at the first step"""
+    end_e: float = 0.01
+    """the exploration rate at the end of its decay, and from then on"""
+    exploration_fraction: float = 0.10
+    """the fraction of total-timesteps over which epsilon falls from start-e to end-e"""
+    q_lambda: float = 0.65
+    """the lambda of the Q(lambda) targets (0: one-step Q-learning targets, 1: Monte Carlo returns)"""
+    compile: bool = False
+    """if toggled, the update, action selection and Q(lambda) targets are compiled with torch.compile"""
+    cudagraphs: bool = False
+    """if toggled, the update, action selection and Q(lambda) targets are captured in CUDA graphs (CUDA only)"""
+
+
+# What makes the agent: a checkpoint made with other values of these is refused by --resume.
+HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma", "num_minibatches", "update_epochs",
+                   "max_grad_norm", "start_e", "end_e", "exploration_fraction", "q_lambda")  # fmt: skip
+EVAL_EPSILON = 0.05  # the evaluation's exploration rate, as CleanRL evaluates its Q-learning agents
+# CudaGraphModule runs a function's first CUDAGRAPH_WARMUP - 1 calls eagerly and records its graph on the next one.
+CUDAGRAPH_WARMUP = 5
+
+
+def check_args(args):
+    run_utils.check_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
+    if args.measure_burnin < 0:
+        run_utils.exit_with_error("--measure-burnin must not be negative")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        run_utils.exit_with_error(
+            f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
+            f"(num_envs * num_steps = {batch_size})"
+        )
+    if not 0 <= args.q_lambda <= 1:
+        run_utils.exit_with_error(f"--q-lambda must be in [0, 1], got {args.q_lambda}")
+    if not 0 < args.exploration_fraction <= 1:
+        run_utils.exit_with_error(f"--exploration-fraction must be in (0, 1], got {args.exploration_fraction}")
+    if not (0 <= args.start_e <= 1 and 0 <= args.end_e <= 1):
+        run_utils.exit_with_error(
+            f"--start-e and --end-e are probabilities, in [0, 1]; got {args.start_e} and {args.end_e}"
+        )
+    if args.end_e > args.start_e:
+        run_utils.exit_with_error(f"--end-e ({args.end_e}) is above --start-e ({args.start_e}): epsilon only goes down")
+
+
+def make_envs(env_id, num_envs, seed):
+    if env_id not in envpool.list_all_envs():
+        run_utils.exit_with_error(f"cannot make env {env_id!r}: envpool has no env with this id")
+    # envpool's registry names the module that implements each id: only its Atari games give 84x84 frames.
+    if registry.specs[env_id][0] != "envpool.atari":
+        run_utils.exit_with_error(f"PQN Atari needs an Atari game (e.g. Breakout-v5), {env_id} is not one")
+    try:
+        # Frames: grey 84x84, 4 stacked, 4 frames skipped per step, up to 30 no-ops at reset. Episodic life
+        # (a lost life ends an episode) and rewards clipped to their sign are for learning only: the returns
+        # reported are the game's own (infos["reward"], summed until infos["terminated"]: the game is over).
+        envs = envpool.make(
+            env_id,
+            env_type="gymnasium",
+            num_envs=num_envs,
+            episodic_life=True,
+            reward_clip=True,
+            seed=seed % 2**31,  # envpool takes an int32: a seed plus an offset wraps around
+        )
+    except Exception as error:
+        run_utils.exit_with_error(f"cannot make env {env_id!r}: {error}")
+    return envs
+
+
+def frames_to_device(frames, device):
+    """envpool's uint8 frames as a tensor on the device: on the CPU without a copy, on a GPU through pinned memory."""
+    frames = torch.from_numpy(frames)
+    # From pageable memory the driver stages the copy while the host waits; from pinned memory the transfer runs
+    # on its own while the host goes on to launch the policy.
+    return frames.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else frames
+
+
+def epsilon_at(step, args):
+    """The exploration rate at a step: start_e at step 0, down in a straight line to end_e at step
+    exploration_fraction * total_timesteps, then end_e."""
+    decay_steps = args.exploration_fraction * args.total_timesteps
+    return max(args.end_e, args.start_e + (args.end_e - args.start_e) * step / decay_steps)
+
+
+def layer_init(layer, std=2**0.5, bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class QNetwork(nn.Module):
+    """The Nature DQN CNN with a LayerNorm after each hidden layer, one Q value per action."""
+
+    def __init__(self, num_actions):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+            nn.LayerNorm([32, 20, 20]),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.LayerNorm([64, 9, 9]),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.LayerNorm([64, 7, 7]),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.LayerNorm(512),
+            nn.ReLU(),
+            layer_init(nn.Linear(512, num_actions)),
+        )
+
+    def forward(self, x):
+        return self.network(x / 255.0)
+
+
+def epsilon_greedy(q_values, epsilon):
+    """Per row, a uniformly random action with probability epsilon, else the action of the highest Q value. One
+    draw of the generator serves both choices of every row."""
+    uniform = torch.rand((2, q_values.shape[0]), device=q_values.device)
+    random_actions = (uniform[1] * q_values.shape[1]).long()
+    return torch.where(uniform[0] < epsilon, random_actions, q_values.argmax(1))
+
+
+def compute_q_lambda_returns(rewards, values, dones, next_value, next_done, gamma, q_lambda):
+    """Q(lambda) returns of a rollout, all tensors [num_steps, num_envs] but next_*: [num_envs].
+
+    values[t] = max_a Q(obs[t], a). The return of step t mixes the one-step target on the next state's best Q value
+    and the return of the next step: G[t] = r[t] + gamma * ((1 - q_lambda) * values[t + 1] + q_lambda * G[t + 1]),
+    and the step after the rollout's last is next_value (so G[T - 1] = r + gamma * next_value). dones[t] says
+    observation t is the last frame of a finished episode: nothing after it is bootstrapped or summed.
+
+    The recurrence G[t] = a[t] + discounts[t] * G[t + 1], discounts[t] = gamma * q_lambda * (1 - dones[t + 1]), is
+    solved by a parallel scan: log2(num_steps) rounds of whole-rollout tensor ops instead of num_steps rounds of
+    per-step ops.
+    """
+    next_non_terminal = 1.0 - torch.cat([dones[1:], next_done[None]])
+    next_values = torch.cat([values[1:], next_value[None]])
+    returns = rewards + gamma * (1 - q_lambda) * next_non_terminal * next_values  # a[t]
+    discounts = gamma * q_lambda * next_non_terminal
+    returns = torch.cat([returns[:-1], returns[-1:] + discounts[-1:] * next_value])  # G[T] = next_value
+    # After the round with offset k, returns[t] sums the discounted a of steps t .. t + 2k - 1 and discounts[t] is
+    # the product of the discounts over those steps.
+    num_steps, offset = rewards.shape[0], 1
+    while offset < num_steps:
+        returns = torch.cat([returns[:-offset] + discounts[:-offset] * returns[offset:], returns[-offset:]])
+        discounts = torch.cat([discounts[:-offset] * discounts[offset:], discounts[-offset:]])
+        offset *= 2
+    return returns
+
+
+def masked_mean(x, mask):
+    """The mean of x over the entries where mask is 1 (0 where there is none)."""
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def build_pqn(num_actions, args, device):
+    """The Q network, its optimizer and the update of one minibatch; the training loop only calls the functions."""
+    qnet = QNetwork(num_actions).to(device)
+    # The acting copy: the Q network's parameters as plain tensors (not nn.Parameters) sharing their storage, so the
+    # optimizer's in-place steps reach it and acting builds no autograd state. Its shell is built on "meta": no
+    # memory, and no draw from the random generator (the run draws the same numbers as the plain script's).
+    with torch.device("meta"):
+        acting_qnet = QNetwork(num_actions)
+    from_module(qnet).data.to_module(acting_qnet, preserve_module_state=False)
+    # lr in a tensor: annealing writes into it, with no recompile and no re-capture; foreach: multi-tensor kernels
+    # instead of a dozen small ops per parameter (RAdam has no fused kernel); capturable: under a CUDA graph the step
+    # counter lives on the device.
+    optimizer = torch.optim.RAdam(
+        qnet.parameters(),
+        lr=torch.tensor(args.learning_rate, device=device),
+        foreach=True,
+        capturable=args.cudagraphs,
+    )
+
+    # The loss and its backward pass in one function, so that --compile turns both into a single graph.
+    def loss_backward(minibatch):
+        obs, actions, returns = minibatch["obs"], minibatch["actions"], minibatch["returns"]
+        mask = minibatch["mask"]  # 0 for envpool's reset steps (see the rollout), 1 elsewhere
+        q_values = qnet(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
+        loss = masked_mean((q_values - returns) ** 2, mask)
+
+        loss.backward()
+        return TensorDict(td_loss=loss.detach(), q_values=masked_mean(q_values.detach(), mask))
+
+    # zero_grad, clipping and the step stay outside the compiled function: torch.optim breaks the graph anyway.
+    def update(minibatch):
+        optimizer.zero_grad()
+        losses = loss_backward(minibatch)
+        # foreach: the norm and the scaling as multi-tensor kernels instead of a loop over parameters.
+        nn.utils.clip_grad_norm_(qnet.parameters(), args.max_grad_norm, foreach=True)
+        optimizer.step()
+        return losses
+
+    # epsilon: a 0-d tensor, written in place each step (a changing Python float would recompile).
+    def policy(obs, epsilon):
+        """The epsilon-greedy actions and the best Q value of each observation."""
+        q_values = acting_qnet(obs)
+        return epsilon_greedy(q_values, epsilon), q_values.max(1).values
+
+    def value(obs):
+        return acting_qnet(obs).max(1).values
+
+    # The learning rate as a Python float too: checkpoints hold it as the plain script does, not its float32 rounding.
+    scheduled_lr = args.learning_rate
+
+    def set_learning_rate(lr):
+        nonlocal scheduled_lr
+        optimizer.param_groups[0]["lr"].fill_(lr)  # in place: the compiled and captured step read this tensor
+        scheduled_lr = lr
+
+    # Checkpoints hold the plain script's optimizer: lr a Python float, and the plain RAdam's settings (foreach and
+    # capturable are the twin's own, applied again on load).
+    def state_dict():
+        """The Q network's and the optimizer's state_dicts: a checkpoint's agent."""
+        optimizer_state = run_utils.optimizer_state(optimizer, lr=scheduled_lr, foreach=None, capturable=False)
+        return {"qnet": qnet.state_dict(), "optimizer": optimizer_state}
+
+    def load_state_dict(state):
+        qnet.load_state_dict(state["qnet"])  # in place: the acting copy shares the parameters' storage
+        lr = optimizer.param_groups[0]["lr"]
+        run_utils.load_optimizer_state(optimizer, state["optimizer"], lr=lr, foreach=True, capturable=args.cudagraphs)
+        optimizer.param_groups[0]["lr"] = lr  # load_state_dict copies the groups: keep the tensor the step reads
+        set_learning_rate(state["optimizer"]["param_groups"][0]["lr"])
+
+    def q_lambda_returns(rewards, values, dones, next_value, next_done):
+        return compute_q_lambda_returns(rewards, values, dones, next_value, next_done, args.gamma, args.q_lambda)
+
+    # update looks loss_backward up when called, so it uses the compiled one.
+    if args.compile:
+        # Trace backward() into the compiled graph (torch >= 2.11): forward and backward become one kernel
+        # program, with no autograd engine at run time. Older versions compile them as two graphs.
+        if hasattr(torch._dynamo.config, "trace_autograd_ops"):
+            torch._dynamo.config.trace_autograd_ops = True
+        # Compiled: fused kernels instead of one Python dispatch per op.
+        loss_backward = torch.compile(loss_backward)
+        policy = torch.compile(policy)
+        value = torch.compile(value)
+        q_lambda_returns = torch.compile(q_lambda_returns)
+    if args.cudagraphs:
+        # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
+        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
+        policy = CudaGraphModule(policy, warmup=CUDAGRAPH_WARMUP)
+        value = CudaGraphModule(value, warmup=CUDAGRAPH_WARMUP)
+        q_lambda_returns = CudaGraphModule(q_lambda_returns, warmup=CUDAGRAPH_WARMUP)
+
+    return SimpleNamespace(
+        qnet=qnet,
+        acting_qnet=acting_qnet,
+        optimizer=optimizer,
+        update=update,
+        policy=policy,
+        value=value,
+        q_lambda_returns=q_lambda_returns,
+        set_learning_rate=set_learning_rate,
+        state_dict=state_dict,
+        load_state_dict=load_state_dict,
+    )
+
+
+def evaluation_policy(checkpoint, env, device):
+    """The saved agent's epsilon-greedy policy (epsilon 0.05), for the evaluation: a fresh Q network. Not greedy: a
+    greedy agent can repeat one move forever (in Breakout, never serve the ball) until the game's time limit, and
+    CleanRL evaluates its Q-learning agents with this epsilon. The draws come from torch's generator, which the
+    evaluation seeds with its own seed."""
+    qnet = QNetwork(env.envs.action_space.n).to(device)
+    qnet.load_state_dict(checkpoint["agent"]["qnet"])
+
+    def act(obs):
+        with torch.no_grad():
+            q_values = qnet(torch.as_tensor(obs, dtype=torch.float32, device=device))
+        return epsilon_greedy(q_values, EVAL_EPSILON).cpu().numpy()
+
+    return act
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    check_args(args)
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
+    make_eval_env = lambda seed, render_mode: run_utils.EvalGame(make_envs(args.env_id, 1, seed))  # noqa: E731
+    schedule = "the learning-rate anneal and the epsilon decay" if args.anneal_lr else "the epsilon decay"
+    run = run_utils.Run(args, __file__, "pqn_atari", "PQN Atari", HYPERPARAMETERS, make_eval_env, unit="games",
+                        schedule=schedule)  # fmt: skip
+    device = run.device
+    start_iteration, start_step = (
+        (run.checkpoint["iteration"], run.checkpoint["global_step"]) if run.checkpoint else (0, 0)
+    )
+
+    # A resumed run starts new games, on envs seeded by the step it resumes at.
+    envs = make_envs(args.env_id, args.num_envs, args.seed + start_step)
+    pqn = build_pqn(envs.action_space.n, args, device)
+    if run.checkpoint:
+        pqn.load_state_dict(run.checkpoint["agent"])
+        run_utils.set_rng_state(run.checkpoint["rng"])
+
+    def save_checkpoint():
+        """A PQN checkpoint: the step, the iterations done (where the schedules go on) and the agent."""
+        run.save_checkpoint(global_step=global_step, iteration=global_step // batch_size, agent=pqn.state_dict())
+
+    next_obs, _ = envs.reset()
+    # Frames stay uint8 until the network divides them by 255: a quarter of the memory and copies of float32.
+    next_obs = frames_to_device(next_obs, device)
+    next_done = np.zeros(args.num_envs, dtype=np.float32)
+    epsilon_tensor = torch.zeros((), device=device)
+    game_returns = np.zeros(args.num_envs)  # each env's unclipped score since its game started, over all lives
+    global_step = start_step
+    # value and q_lambda_returns run once an iteration: with --cudagraphs they are recorded in iteration
+    # CUDAGRAPH_WARMUP (policy and update, called more often, before), and the sps clock starts after it.
+    burnin = max(args.measure_burnin, CUDAGRAPH_WARMUP) if args.cudagraphs else args.measure_burnin
+    run.progress(start_step, num_iterations * batch_size)
+    for iteration in range(start_iteration + 1, num_iterations + 1):
+        run.clock(iteration, start_iteration + 1, start_iteration + 1 + burnin, global_step)
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            pqn.set_learning_rate(frac * args.learning_rate)
+
+        # envpool ends an episode (a life) on one step and resets that env on the next one, which ignores its
+        # action and returns the new episode's first frame with reward 0. So dones[t] = 1 marks obs[t] as the
+        # last frame of an episode: the returns do not reach across it, and step t, the reset step, is no
+        # transition of the game: the update masks it out.
+        # The rollout's tensors are collected in lists and stacked once: cheaper than a write per step and key.
+        # The env's outputs stay numpy until then: one host-to-device copy per rollout instead of one per step.
+        steps, env_steps = [], []
+        for _ in range(args.num_steps):
+            epsilon = epsilon_at(global_step, args)
+            global_step += args.num_envs
+            epsilon_tensor.fill_(epsilon)  # in place: the compiled and captured policy read this tensor
+            action, value = pqn.policy(next_obs, epsilon_tensor)
+            steps.append(dict(obs=next_obs, actions=action, values=value))
+            env_steps.append(dict(dones=next_done))
+
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            # The game's real return: its unclipped rewards summed over all lives, until the game is over
+            # (infos["terminated"]) or cut by the time limit.
+            game_returns += infos["reward"]
+            for index in np.flatnonzero(infos["terminated"].astype(bool) | truncations):
+                run.episode(float(game_returns[index]), global_step, epsilon=epsilon)
+                game_returns[index] = 0.0
+            env_steps[-1].update(rewards=reward, time_limits=(truncations & ~terminations).astype(np.float32))
+            next_obs = frames_to_device(next_obs, device)
+            next_done = (terminations | truncations).astype(np.float32)
+
+        rollout = TensorDict(
+            {
+                **{key: torch.stack([s[key] for s in steps]) for key in steps[0]},
+                **{key: torch.as_tensor(np.stack([s[key] for s in env_steps]), device=device) for key in env_steps[0]},
+            },
+            [args.num_steps, args.num_envs],
+        )
+
+        # A time limit is not a failure: a truncated episode bootstraps from the best Q value of its last frame,
+        # the observation that follows it. A termination (a lost life) gets no bootstrap.
+        next_value = pqn.value(next_obs)
+        next_values = torch.cat([rollout["values"][1:], next_value[None]])
+        rollout["returns"] = pqn.q_lambda_returns(
+            rollout["rewards"] + args.gamma * next_values * rollout["time_limits"],
+            rollout["values"],
+            rollout["dones"],
+            next_value,
+            torch.as_tensor(next_done, device=device),
+        )
+        rollout["mask"] = 1.0 - rollout["dones"]
+
+        # Regress the Q values of the actions taken onto their returns, a few epochs of minibatches.
+        batch = rollout.select("obs", "actions", "returns", "mask").reshape(-1)  # flatten the batch
+        for _ in range(args.update_epochs):
+            # One gather per epoch for every key at once; the minibatches are then views of it.
+            shuffled = batch[torch.randperm(batch_size, device=device)]
+            for minibatch in shuffled.split(minibatch_size):
+                losses = pqn.update(minibatch)
+
+        # Log once per iteration, from the last minibatch.
+        charts = {"charts/learning_rate": pqn.optimizer.param_groups[0]["lr"], "charts/epsilon": epsilon}
+        run.log(global_step, losses, charts)
+        if run.stop_signals:
+            break
+        if run.checkpoint_due(global_step, batch_size):
+            save_checkpoint()
+    envs.close()
+    run.finish(global_step, save_checkpoint, evaluation_policy)
