@@ -1,0 +1,310 @@
+# Parallelised Q-learning (PQN) for discrete actions, plain eager PyTorch (the baseline of the speed-up table).
+# PQN (Gallici et al. 2024) is DQN without replay buffer or target network: many envs collect a short rollout, its
+# Q(lambda) targets are computed, and a LayerNorm Q network (stable without a target network) fits them for a few
+# epochs. Its twin, pqn_torchcompile.py, trains the same agent faster: `diff` the two files.
+import os
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import run_utils
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+
+
+@dataclass
+class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cuda, checkpoints, evaluation, ...)
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    env_id: str = "CartPole-v1"
+    """the id of the environment (a gymnasium id with a discrete action space and a flat observation)"""
+    total_timesteps: int = 500000
+    """total timesteps of the experiment"""
+    eval_episodes: int = 10
+    """episodes of the saved agent's epsilon-greedy policy (epsilon 0.05) on a fresh env after training"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    num_envs: int = 4
+    """the number of parallel game environments"""
+    num_steps: int = 128
+    """the number of steps to run in each environment per rollout"""
+    num_minibatches: int = 4
+    """the number of mini-batches"""
+    update_epochs: int = 4
+    """the K epochs to update the Q network on each rollout"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    start_e: float = 1.0
+    """the exploration rate epsilon (probability of a random action) at the first step"""
+    end_e: float = 0.05
+    """the exploration rate at the end of its decay, and from then on"""
+    exploration_fraction: float = 0.5
+    """the fraction of total-timesteps over which epsilon falls from start-e to end-e"""
+    max_grad_norm: float = 10.0
+    """the maximum norm for the gradient clipping"""
+    q_lambda: float = 0.65
+    """the lambda of the Q(lambda) targets (0: one-step Q-learning targets; 1: Monte Carlo returns)"""
+
+
+# What makes the agent: a checkpoint made with other values of these is refused by --resume.
+HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "num_minibatches", "update_epochs", "anneal_lr", "gamma",
+                   "start_e", "end_e", "exploration_fraction", "max_grad_norm", "q_lambda")  # fmt: skip
+EVAL_EPSILON = 0.05  # the evaluation's exploration rate: the trained agent's, and CleanRL's DQN evaluation's
+
+
+def check_args(args):
+    run_utils.check_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
+                             "max_grad_norm")  # fmt: skip
+    if args.measure_burnin < 0:
+        run_utils.exit_with_error("--measure-burnin must not be negative")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        run_utils.exit_with_error(f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
+                                  f"(num_envs * num_steps = {batch_size})")  # fmt: skip
+    if not 0 <= args.q_lambda <= 1:
+        run_utils.exit_with_error(f"--q-lambda must be in [0, 1], got {args.q_lambda}")
+    if not 0 < args.exploration_fraction <= 1:
+        run_utils.exit_with_error(f"--exploration-fraction must be in (0, 1], got {args.exploration_fraction}")
+    if not (0 <= args.start_e <= 1 and 0 <= args.end_e <= 1):
+        run_utils.exit_with_error(
+            f"--start-e and --end-e are probabilities, in [0, 1]; got {args.start_e} and {args.end_e}"
+        )
+    if args.end_e > args.start_e:
+        run_utils.exit_with_error(f"--end-e ({args.end_e}) is above --start-e ({args.start_e}): epsilon only goes down")
+
+
+def make_env(env_id, render_mode=None):
+    def thunk():
+        try:
+            env = run_utils.make_gym_env(env_id, render_mode)
+        except gym.error.Error as error:
+            run_utils.exit_with_error(f"cannot make env {env_id!r}: {error}")
+        if not isinstance(env.action_space, gym.spaces.Discrete):
+            run_utils.exit_with_error(f"PQN needs a discrete action space, {env_id} has {env.action_space}")
+        # The Q network is an MLP: it takes a vector, not an image (which needs a convolutional network).
+        space = env.observation_space
+        if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+            run_utils.exit_with_error(f"PQN's Q network (an MLP) needs a flat Box observation, {env_id} has {space}")
+        return gym.wrappers.RecordEpisodeStatistics(env)
+
+    return thunk
+
+
+def epsilon_at(step, args):
+    """The exploration rate at a step: start_e at step 0, down in a straight line to end_e at step
+    exploration_fraction * total_timesteps, then end_e."""
+    decay_steps = args.exploration_fraction * args.total_timesteps
+    return max(args.end_e, args.start_e + (args.end_e - args.start_e) * step / decay_steps)
+
+
+def layer_init(layer, std=2**0.5, bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class QNetwork(nn.Module):
+    def __init__(self, obs_dim, n_actions):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 120)),
+            nn.LayerNorm(120),
+            nn.ReLU(),
+            layer_init(nn.Linear(120, 84)),
+            nn.LayerNorm(84),
+            nn.ReLU(),
+            layer_init(nn.Linear(84, n_actions)),
+        )
+
+    def forward(self, x):
+        return self.network(x)
+
+
+def q_lambda_returns(rewards, values, dones, last_value, gamma, q_lambda):
+    """The Q(lambda) targets of a rollout, all tensors [num_steps, num_envs] but last_value: [num_envs].
+
+    values[t] is max_a Q(obs t, a) and last_value that of the observation after the rollout; dones[t] says the
+    episode ended at step t: nothing after it is bootstrapped (a truncation's bootstrap is in rewards[t] already).
+    Each target mixes the one-step bootstrap and the next step's target:
+    returns[t] = rewards[t] + gamma * (1 - dones[t]) * ((1 - q_lambda) * values[t + 1] + q_lambda * returns[t + 1]).
+    """
+    returns = torch.zeros_like(rewards)
+    next_value = next_return = last_value  # past the rollout, the best bootstrap there is
+    for t in reversed(range(rewards.shape[0])):
+        mixed = (1 - q_lambda) * next_value + q_lambda * next_return
+        returns[t] = next_return = rewards[t] + gamma * (1 - dones[t]) * mixed
+        next_value = values[t]
+    return returns
+
+
+def bootstrap_truncated(rewards, terminations, truncations, final_obs, value, gamma):
+    """This step's rewards plus gamma * value(last observation) for the envs whose episode hit its time limit.
+
+    A time limit is not a failure: the return goes on past it. A termination gets no bootstrap.
+    """
+    truncated = truncations & ~terminations
+    if truncated.any():
+        last_obs = torch.tensor(np.stack(final_obs[truncated]), dtype=torch.float32, device=rewards.device)
+        rewards = rewards.clone()
+        rewards[torch.as_tensor(truncated, device=rewards.device)] += gamma * value(last_obs)
+    return rewards
+
+
+def build_pqn(obs_dim, n_actions, args, device):
+    """The Q network, its optimizer and the update of one minibatch; the training loop only calls the functions."""
+    qnet = QNetwork(obs_dim, n_actions).to(device)
+    optimizer = torch.optim.RAdam(qnet.parameters(), lr=args.learning_rate)  # CleanRL's PQN optimizer
+
+    def update(obs, actions, returns):
+        q_values = qnet(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
+        loss = F.mse_loss(q_values, returns)
+
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(qnet.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return {"td_loss": loss.detach(), "q_values": q_values.detach().mean()}
+
+    def policy(obs, epsilon):
+        """Epsilon-greedy actions for a batch of observations, and max_a Q(obs, a) (the bootstrap value) of each."""
+        with torch.no_grad():
+            values, greedy = qnet(obs).max(1)
+        random_actions = torch.randint(0, n_actions, greedy.shape, device=obs.device)
+        explore = torch.rand(greedy.shape, device=obs.device) < epsilon
+        return torch.where(explore, random_actions, greedy), values
+
+    def value(obs):
+        with torch.no_grad():
+            return qnet(obs).max(1).values
+
+    def returns(rewards, values, dones, last_value):
+        return q_lambda_returns(rewards, values, dones, last_value, args.gamma, args.q_lambda)
+
+    def set_learning_rate(lr):
+        optimizer.param_groups[0]["lr"] = lr
+
+    def state_dict():
+        """The Q network's and the optimizer's state_dicts: a checkpoint's agent."""
+        return {"qnet": qnet.state_dict(), "optimizer": optimizer.state_dict()}
+
+    def load_state_dict(state):
+        qnet.load_state_dict(state["qnet"])
+        optimizer.load_state_dict(state["optimizer"])
+
+    return SimpleNamespace(qnet=qnet, optimizer=optimizer, update=update, policy=policy, value=value, returns=returns,
+                           set_learning_rate=set_learning_rate, state_dict=state_dict,
+                           load_state_dict=load_state_dict)  # fmt: skip
+
+
+def evaluation_policy(checkpoint, env, device):
+    """The saved agent's epsilon-greedy policy (epsilon 0.05, the rate it ends training with), for the evaluation: a
+    fresh Q network. The exploration draws come from a generator of their own, seeded with the evaluation's seed, so
+    the plain script and its twin play the same episodes."""
+    qnet = QNetwork(env.observation_space.shape[0], int(env.action_space.n)).to(device)
+    qnet.load_state_dict(checkpoint["agent"]["qnet"])
+    explore = np.random.default_rng(checkpoint["seed"] + run_utils.EVAL_SEED_OFFSET)
+
+    def act(obs):
+        if explore.random() < EVAL_EPSILON:
+            return int(explore.integers(env.action_space.n))
+        with torch.no_grad():
+            return qnet(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0)).argmax(1)[0].item()
+
+    return act
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    check_args(args)
+    make_eval_env = lambda seed, render_mode: make_env(args.env_id, render_mode)()  # noqa: E731
+    schedule = "the learning-rate anneal and the epsilon decay" if args.anneal_lr else "the epsilon decay"
+    run = run_utils.Run(args, __file__, "pqn", "PQN", HYPERPARAMETERS, make_eval_env, schedule=schedule)
+    device = run.device
+    batch_size = args.num_envs * args.num_steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
+    start_step, start_iteration = (
+        (run.checkpoint["global_step"], run.checkpoint["iteration"]) if run.checkpoint else (0, 0)
+    )
+
+    # SAME_STEP: an env that ends an episode is reset within that step (its last observation is in
+    # infos["final_obs"]), so every stored step is a real transition: none spans a reset.
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id) for _ in range(args.num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    obs_dim, n_actions = envs.single_observation_space.shape[0], int(envs.single_action_space.n)
+    pqn = build_pqn(obs_dim, n_actions, args, device)
+    if run.checkpoint:
+        pqn.load_state_dict(run.checkpoint["agent"])
+        run_utils.set_rng_state(run.checkpoint["rng"])
+
+    # A PQN checkpoint: the step, the iteration (the learning-rate schedule's position) and the agent (Run adds the
+    # run's state); no replay buffer: each rollout trains one update and is dropped.
+    def save_checkpoint():
+        run.save_checkpoint(global_step=global_step, iteration=iterations_done, agent=pqn.state_dict())
+
+    # Rollout storage.
+    obs = torch.zeros((args.num_steps, args.num_envs, obs_dim), device=device)
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+
+    # A resumed run starts new episodes, on envs seeded by the step it resumes at.
+    next_obs, _ = envs.reset(seed=args.seed + start_step)
+    next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
+    global_step, iterations_done = start_step, start_iteration  # as the loop goes
+    run.progress(start_step, num_iterations * batch_size)
+    for iteration in range(start_iteration + 1, num_iterations + 1):
+        run.clock(iteration, start_iteration + 1, start_iteration + 1 + args.measure_burnin, global_step)
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            pqn.set_learning_rate(frac * args.learning_rate)
+
+        for step in range(args.num_steps):
+            epsilon = epsilon_at(global_step, args)
+            obs[step] = next_obs
+            actions[step], values[step] = pqn.policy(next_obs, epsilon)
+
+            next_obs, reward, terminations, truncations, infos = envs.step(actions[step].cpu().numpy())
+            global_step += args.num_envs
+            reward = torch.tensor(reward, dtype=torch.float32, device=device)
+            if "final_obs" in infos:
+                reward = bootstrap_truncated(
+                    reward, terminations, truncations, infos["final_obs"], pqn.value, args.gamma
+                )
+                for index in np.flatnonzero(infos["final_info"].get("_episode", [])):
+                    run.episode(float(infos["final_info"]["episode"]["r"][index]), global_step, epsilon=epsilon)
+            rewards[step] = reward
+            dones[step] = torch.tensor(terminations | truncations, dtype=torch.float32, device=device)
+            next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
+
+        returns = pqn.returns(rewards, values, dones, pqn.value(next_obs))
+
+        # Flatten the batch.
+        b_obs = obs.reshape((-1, obs_dim))
+        b_actions = actions.reshape(-1)
+        b_returns = returns.reshape(-1)
+
+        # Fit the Q network to the targets, in shuffled minibatches, for a few epochs.
+        for _ in range(args.update_epochs):
+            b_inds = torch.randperm(batch_size, device=device)
+            for start in range(0, batch_size, minibatch_size):
+                mb_inds = b_inds[start : start + minibatch_size]
+                losses = pqn.update(b_obs[mb_inds], b_actions[mb_inds], b_returns[mb_inds])
+
+        # Log once per iteration, from the last minibatch.
+        run.log(global_step, losses, {"charts/learning_rate": pqn.optimizer.param_groups[0]["lr"],
+                                      "charts/epsilon": epsilon})  # fmt: skip
+        iterations_done = iteration
+        if run.stop_signals:
+            break
+        if run.checkpoint_due(global_step, batch_size):
+            save_checkpoint()
+    envs.close()
+    run.finish(global_step, save_checkpoint, evaluation_policy)
