@@ -235,6 +235,7 @@ if __name__ == "__main__":
         HYPERPARAMETERS,
         make_eval_env,
         ended_early="before learning_starts + measure_burnin gradient steps",
+        schedule="the epsilon decay",
     )
     device = run.device
     start_step = run.checkpoint["global_step"] if run.checkpoint else 0

@@ -63,6 +63,8 @@ HYPERPARAMETERS = ("learning_rate", "buffer_size", "gamma", "tau", "target_netwo
                    "end_e", "exploration_fraction", "learning_starts", "train_frequency")  # fmt: skip
 EVAL_EPSILON = 0.05  # the evaluation's exploration rate, as in CleanRL's DQN evaluation
 
+CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the calls before run eagerly)
+
 
 def check_args(args):
     run_utils.check_positive(
@@ -229,8 +231,11 @@ def build_dqn(obs_dim, n_actions, args, device):
         policy = torch.compile(policy)
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
-        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=5)
-        policy = CudaGraphModule(policy, warmup=5)
+        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
+        policy = CudaGraphModule(policy, warmup=CUDAGRAPH_WARMUP)
+    # The sps clock starts once every graph is recorded: a capture, like a compilation, is not the steady state.
+    graphs = [update, policy] if args.cudagraphs else []
+    captured = lambda: all(graph.counter >= CUDAGRAPH_WARMUP for graph in graphs)  # noqa: E731
 
     # Checkpoints hold the plain script's layout: its state_dicts, and the plain optimizer's settings, not the twin's.
     def state_dict():
@@ -247,6 +252,7 @@ def build_dqn(obs_dim, n_actions, args, device):
         run_utils.load_optimizer_state(optimizer, state["optimizer"], fused=True, capturable=args.cudagraphs)
 
     return SimpleNamespace(
+        captured=captured,
         qnet=qnet,
         qnet_params=qnet_params,
         target_qnet_params=target_qnet_params,
@@ -289,6 +295,7 @@ if __name__ == "__main__":
         HYPERPARAMETERS,
         make_eval_env,
         ended_early="before learning_starts + measure_burnin gradient steps",
+        schedule="the epsilon decay",
     )
     device = run.device
     start_step = run.checkpoint["global_step"] if run.checkpoint else 0
@@ -314,7 +321,7 @@ if __name__ == "__main__":
     epsilon_tensor = torch.zeros((), device=device)
     global_step = start_step  # the steps done, as the loop goes
     for step in run.steps(start_step, args.total_timesteps):
-        run.clock(step, train_step, train_step + args.measure_burnin * args.train_frequency)
+        run.clock(step, train_step, train_step + args.measure_burnin * args.train_frequency, ready=dqn.captured())
         # Epsilon-greedy: a random action with probability epsilon, else the action of the highest Q value.
         epsilon = epsilon_at(step, args)
         if device.type == "cuda":

@@ -66,7 +66,6 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma", "gae_lambda", "num_minibatches",
                    "update_epochs", "norm_adv", "clip_coef", "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm",
                    "target_kl")  # fmt: skip
-VIDEO_FPS = 15  # the ALE's 60 frames a second, of which envpool keeps one in 4 (frame_skip=4)
 
 
 def check_args(args):
@@ -249,34 +248,6 @@ def build_ppo(num_actions, args, device):
     )
 
 
-class EvalGame:
-    """A pool of one env played as the evaluation plays a gymnasium env (run_utils.evaluate), a game an episode.
-
-    As CleanRL's evaluation (cleanrl_utils/evals/ppo_eval.py) does: the env is the training one (episodic life,
-    clipped rewards), and a game's return is its real one, the game's own rewards summed over all lives, as the
-    training loop reports it. Video: the newest frame of each observation (envpool's Atari envs cannot render)."""
-
-    metadata = {"render_fps": VIDEO_FPS}
-
-    def __init__(self, envs):
-        self.envs = envs
-
-    def reset(self, seed=None):  # the pool was seeded when it was made
-        self.obs, info = self.envs.reset()
-        return self.obs, info
-
-    def step(self, action):
-        self.obs, _, _, truncations, infos = self.envs.step(action)
-        # A lost life ends an episode but not the game: the env goes on to the next life, as in training.
-        return self.obs, float(infos["reward"][0]), bool(infos["terminated"][0]), bool(truncations[0]), {}
-
-    def render(self):
-        return self.obs[0, -1]  # what the agent sees: the newest of its 4 stacked 84x84 frames
-
-    def close(self):
-        self.envs.close()
-
-
 def evaluation_policy(checkpoint, env, device):
     """The saved agent's policy, for the evaluation: actions sampled from a fresh agent, as in CleanRL's evaluation."""
     agent = Agent(env.envs.action_space.n).to(device)
@@ -295,8 +266,9 @@ if __name__ == "__main__":
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
-    make_eval_env = lambda seed, render_mode: EvalGame(make_envs(args.env_id, 1, seed))  # noqa: E731
-    run = run_utils.Run(args, __file__, "ppo_atari", "PPO Atari", HYPERPARAMETERS, make_eval_env, unit="games")
+    make_eval_env = lambda seed, render_mode: run_utils.EvalGame(make_envs(args.env_id, 1, seed))  # noqa: E731
+    run = run_utils.Run(args, __file__, "ppo_atari", "PPO Atari", HYPERPARAMETERS, make_eval_env, unit="games",
+                        schedule="the learning-rate anneal" if args.anneal_lr else None)  # fmt: skip
     device = run.device
     start_iteration, start_step = (
         (run.checkpoint["iteration"], run.checkpoint["global_step"]) if run.checkpoint else (0, 0)

@@ -76,10 +76,11 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma", "gae_lambda", "num_minibatches",
                    "update_epochs", "norm_adv", "clip_coef", "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm",
                    "target_kl")  # fmt: skip
-VIDEO_FPS = 15  # the ALE's 60 frames a second, of which envpool keeps one in 4 (frame_skip=4)
 # How long a rank waits for the others in a collective before it gives up with an error instead of hanging
 # (a compile or an evaluation on rank 0 takes well under this).
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
+
+CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the calls before run eagerly)
 
 
 def check_args(args, world_size):
@@ -343,12 +344,16 @@ def build_ppo(num_actions, args, device):
         gae = torch.compile(gae)
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
-        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=5)
-        policy = CudaGraphModule(policy, warmup=5)
-        value = CudaGraphModule(value, warmup=5)
-        gae = CudaGraphModule(gae, warmup=5)
+        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
+        policy = CudaGraphModule(policy, warmup=CUDAGRAPH_WARMUP)
+        value = CudaGraphModule(value, warmup=CUDAGRAPH_WARMUP)
+        gae = CudaGraphModule(gae, warmup=CUDAGRAPH_WARMUP)
+    # The sps clock starts once every graph is recorded: a capture, like a compilation, is not the steady state.
+    graphs = [update, policy, value, gae] if args.cudagraphs else []
+    captured = lambda: all(graph.counter >= CUDAGRAPH_WARMUP for graph in graphs)  # noqa: E731
 
     return SimpleNamespace(
+        captured=captured,
         agent=agent,
         agent_inference=agent_inference,
         optimizer=optimizer,
@@ -360,34 +365,6 @@ def build_ppo(num_actions, args, device):
         state_dict=state_dict,
         load_state_dict=load_state_dict,
     )
-
-
-class EvalGame:
-    """A pool of one env played as the evaluation plays a gymnasium env (run_utils.evaluate), a game an episode.
-
-    As CleanRL's evaluation (cleanrl_utils/evals/ppo_eval.py) does: the env is the training one (episodic life,
-    clipped rewards), and a game's return is its real one, the game's own rewards summed over all lives, as the
-    training loop reports it. Video: the newest frame of each observation (envpool's Atari envs cannot render)."""
-
-    metadata = {"render_fps": VIDEO_FPS}
-
-    def __init__(self, envs):
-        self.envs = envs
-
-    def reset(self, seed=None):  # the pool was seeded when it was made
-        self.obs, info = self.envs.reset()
-        return self.obs, info
-
-    def step(self, action):
-        self.obs, _, _, truncations, infos = self.envs.step(action)
-        # A lost life ends an episode but not the game: the env goes on to the next life, as in training.
-        return self.obs, float(infos["reward"][0]), bool(infos["terminated"][0]), bool(truncations[0]), {}
-
-    def render(self):
-        return self.obs[0, -1]  # what the agent sees: the newest of its 4 stacked 84x84 frames
-
-    def close(self):
-        self.envs.close()
 
 
 def evaluation_policy(checkpoint, env, device):
@@ -411,9 +388,9 @@ if __name__ == "__main__":
     rank_batch_size = rank_num_envs * args.num_steps
     rank_minibatch_size = rank_batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
-    make_eval_env = lambda seed, render_mode: EvalGame(make_envs(args.env_id, 1, seed))  # noqa: E731
+    make_eval_env = lambda seed, render_mode: run_utils.EvalGame(make_envs(args.env_id, 1, seed))  # noqa: E731
     run = run_utils.Run(args, __file__, "ppo_atari", "PPO Atari", HYPERPARAMETERS, make_eval_env, unit="games",
-                        distributed=True)  # fmt: skip
+                        distributed=True, schedule="the learning-rate anneal" if args.anneal_lr else None)  # fmt: skip
     device = run.device
     start_iteration, start_step = (
         (run.checkpoint["iteration"], run.checkpoint["global_step"]) if run.checkpoint else (0, 0)
@@ -477,7 +454,9 @@ if __name__ == "__main__":
     global_step = start_step
     run.progress(start_step, num_iterations * batch_size)
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        run.clock(iteration, start_iteration + 1, start_iteration + 1 + args.measure_burnin, global_step)
+        run.clock(
+            iteration, start_iteration + 1, start_iteration + 1 + args.measure_burnin, global_step, ready=ppo.captured()
+        )
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             ppo.set_learning_rate(frac * args.learning_rate)

@@ -80,7 +80,7 @@ def check_args(args):
 def make_env(env_id, gamma, render_mode=None):
     def thunk():
         try:
-            env = gym.make(env_id, render_mode=render_mode)
+            env = run_utils.make_gym_env(env_id, render_mode)  # gym.make, without MuJoCo's settotalmass warning
         except gym.error.Error as error:
             run_utils.exit_with_error(f"cannot make env {env_id!r}: {error}")
         if not isinstance(env.action_space, gym.spaces.Box):
@@ -314,7 +314,8 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
     make_eval_env = lambda seed, render_mode: make_env(args.env_id, args.gamma, render_mode)()  # noqa: E731
-    run = run_utils.Run(args, __file__, "ppo_continuous", "continuous PPO", HYPERPARAMETERS, make_eval_env)
+    run = run_utils.Run(args, __file__, "ppo_continuous", "continuous PPO", HYPERPARAMETERS, make_eval_env,
+                        schedule="the learning-rate anneal" if args.anneal_lr else None)  # fmt: skip
     device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches

@@ -71,6 +71,8 @@ HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma
                    "update_epochs", "norm_adv", "clip_coef", "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm",
                    "target_kl")  # fmt: skip
 
+CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the calls before run eagerly)
+
 
 def check_args(args):
     run_utils.check_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
@@ -87,7 +89,7 @@ def check_args(args):
 def make_env(env_id, gamma, render_mode=None):
     def thunk():
         try:
-            env = gym.make(env_id, render_mode=render_mode)
+            env = run_utils.make_gym_env(env_id, render_mode)  # gym.make, without MuJoCo's settotalmass warning
         except gym.error.Error as error:
             run_utils.exit_with_error(f"cannot make env {env_id!r}: {error}")
         if not isinstance(env.action_space, gym.spaces.Box):
@@ -274,9 +276,12 @@ def build_ppo(obs_dim, action_dim, args, device):
         gae = torch.compile(gae)
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
-        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=5)
-        policy = CudaGraphModule(policy, warmup=5)
-        gae = CudaGraphModule(gae, warmup=5)
+        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
+        policy = CudaGraphModule(policy, warmup=CUDAGRAPH_WARMUP)
+        gae = CudaGraphModule(gae, warmup=CUDAGRAPH_WARMUP)
+    # The sps clock starts once every graph is recorded: a capture, like a compilation, is not the steady state.
+    graphs = [update, policy, gae] if args.cudagraphs else []
+    captured = lambda: all(graph.counter >= CUDAGRAPH_WARMUP for graph in graphs)  # noqa: E731
 
     # The learning rate lives in a float32 tensor; checkpoints keep the float the schedule computed, as the plain
     # script's optimizer holds it.
@@ -299,6 +304,7 @@ def build_ppo(obs_dim, action_dim, args, device):
         set_learning_rate(state["optimizer"]["param_groups"][0]["lr"])
 
     return SimpleNamespace(
+        captured=captured,
         agent=agent,
         agent_inference=agent_inference,
         optimizer=optimizer,
@@ -373,7 +379,8 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
     make_eval_env = lambda seed, render_mode: make_env(args.env_id, args.gamma, render_mode)()  # noqa: E731
-    run = run_utils.Run(args, __file__, "ppo_continuous", "continuous PPO", HYPERPARAMETERS, make_eval_env)
+    run = run_utils.Run(args, __file__, "ppo_continuous", "continuous PPO", HYPERPARAMETERS, make_eval_env,
+                        schedule="the learning-rate anneal" if args.anneal_lr else None)  # fmt: skip
     device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
@@ -412,7 +419,9 @@ if __name__ == "__main__":
     global_step, iterations_done = start_step, start_iteration  # as the loop goes
     run.progress(start_step, num_iterations * batch_size)
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        run.clock(iteration, start_iteration + 1, start_iteration + 1 + args.measure_burnin, global_step)
+        run.clock(
+            iteration, start_iteration + 1, start_iteration + 1 + args.measure_burnin, global_step, ready=ppo.captured()
+        )
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             ppo.set_learning_rate(frac * args.learning_rate)

@@ -1,7 +1,7 @@
 # What every leanrl script does the same way, whatever its algorithm: the flags and checks of a run, the one-line
 # error exit, checkpoints with their refusals, random-generator state, Ctrl-C and SIGTERM, the progress bar and sps
-# meter, the results line and summary, the evaluation episodes and their video, and an ensemble's stacked state in
-# the plain per-network layout. The algorithms, and everything about them, are in the scripts.
+# meter, the results line and summary, the evaluation episodes (an Atari game's too) and their video, and an
+# ensemble's stacked state in the plain per-network layout. The algorithms, and everything about them, are in the scripts.
 import importlib.util
 import json
 import os
@@ -53,7 +53,8 @@ class RunArgs:
     checkpoint_every: int = 0
     """with --save-model, also save the checkpoint every this many env steps (0: only at the end)"""
     resume: str | None = None
-    """continue the run saved in this checkpoint; --total-timesteps counts the steps of the whole run"""
+    """continue the run saved in this checkpoint; --total-timesteps counts the steps of the whole run (a script whose
+    schedule, a learning-rate anneal or an epsilon decay, is computed from it refuses a budget other than the run's)"""
     eval_episodes: int = 10
     """episodes of the saved agent's policy on a fresh env after training"""
     capture_video: bool = False
@@ -232,6 +233,60 @@ def report_lost_rank(kind, error, traceback):
         sys.__excepthook__(kind, error, traceback)
 
 
+def make_gym_env(env_id, render_mode=None):
+    """gym.make(env_id), with render_mode only when one is asked for (an env that takes none still trains).
+
+    MuJoCo (3.16 on) prints a deprecation warning, and appends it to MUJOCO_LOG.TXT in the working folder, each time it
+    compiles a model whose XML sets <compiler settotalmass> (gymnasium's HalfCheetah does): one line per env made. Such
+    an env is made from a copy of its XML without the attribute, and the compiled model then gets the same total mass
+    the way MuJoCo's warning says (mj_setTotalmass, mj_setConst), plus the two statistics that only the compiler
+    computes: the model is gymnasium's own bit for bit (tests/test_run_utils.py checks it), and MuJoCo is silent.
+    Its other warnings are untouched. An env whose XML names other files is made as it is, warning and all."""
+    import inspect
+    import tempfile
+    from xml.etree import ElementTree
+
+    import gymnasium as gym
+
+    kwargs = {"render_mode": render_mode} if render_mode else {}
+    spec = gym.spec(env_id)  # an unknown id raises gym's error here, as gym.make would
+    creator = spec.entry_point
+    if isinstance(creator, str):
+        creator = gym.envs.registration.load_env_creator(creator)
+    # Loaded with the env's module when its env is a MuJoCo one: other envs (and other users) need no MuJoCo at all.
+    mujoco_env = sys.modules.get("gymnasium.envs.mujoco.mujoco_env")
+    xml_arg = inspect.signature(creator).parameters.get("xml_file") if isinstance(creator, type) else None
+    if xml_arg is None or mujoco_env is None or not issubclass(creator, mujoco_env.MujocoEnv):
+        return gym.make(env_id, **kwargs)
+    xml_path = mujoco_env.expand_model_path(spec.kwargs.get("xml_file", xml_arg.default))
+    root = ElementTree.parse(xml_path).getroot()
+    compiler = root.find("compiler")
+    names_files = any("file" in element.attrib for element in root.iter())  # <include file>, meshes, textures
+    if compiler is None or "settotalmass" not in compiler.attrib or names_files:
+        return gym.make(env_id, **kwargs)
+    total_mass = float(compiler.attrib.pop("settotalmass"))
+    with tempfile.TemporaryDirectory() as folder:  # the model is compiled in gym.make: the copy is not needed after
+        copy = os.path.join(folder, os.path.basename(xml_path))
+        ElementTree.ElementTree(root).write(copy)
+        env = gym.make(env_id, xml_file=copy, **kwargs)
+    if total_mass > 0:  # MuJoCo ignores a settotalmass <= 0
+        import mujoco
+
+        model, data = env.unwrapped.model, env.unwrapped.data
+        mujoco.mj_setTotalmass(model, total_mass)
+        mujoco.mj_setConst(model, data)
+        # Since MuJoCo 3.17 mj_setConst leaves the statistics to the compiler: set them as it does, in its order of sums.
+        meanmass, meaninertia = 0.0, 0.0
+        for body in range(1, model.nbody):
+            meanmass += float(model.body_mass[body])
+        for dof in range(model.nv):  # dof_M0 (set by mj_setConst): the diagonal of the inertia matrix at qpos0
+            meaninertia += float(model.dof_M0[dof])
+        model.stat.meanmass = meanmass / (model.nbody - 1)
+        model.stat.meaninertia = meaninertia / model.nv
+        mujoco.mj_resetData(model, data)  # mj_setConst simulated in data: leave it as gym.make made it
+    return env
+
+
 def evaluate(env, act, episodes, seed, video_folder, stop_signals):
     """The mean return of act(obs) -> action over this many episodes of env, None if a signal stops it first. The env
     and torch's generators (sampled actions) are seeded with seed: the same checkpoint gives the same evaluation, and
@@ -264,6 +319,34 @@ def evaluate(env, act, episodes, seed, video_folder, stop_signals):
     return float(np.mean(returns)) if len(returns) == episodes else None
 
 
+class EvalGame:
+    """An envpool Atari pool of one env played as evaluate() plays a gymnasium env, a game an episode.
+
+    As CleanRL evaluates its Atari agents: the env is the training one (episodic life, clipped rewards), and a game's
+    return is its real one, the game's own rewards summed over all lives, as the training loops report it. Video: the
+    newest frame of each observation (envpool's Atari envs cannot render)."""
+
+    metadata = {"render_fps": 15}  # the ALE's 60 frames a second, of which envpool keeps one in 4 (frame_skip=4)
+
+    def __init__(self, envs):
+        self.envs = envs
+
+    def reset(self, seed=None):  # the pool was seeded when it was made
+        self.obs, info = self.envs.reset()
+        return self.obs, info
+
+    def step(self, action):
+        self.obs, _, _, truncations, infos = self.envs.step(action)
+        # A lost life ends an episode but not the game: the env goes on to the next life, as in training.
+        return self.obs, float(infos["reward"][0]), bool(infos["terminated"][0]), bool(truncations[0]), {}
+
+    def render(self):
+        return self.obs[0, -1]  # what the agent sees: the newest of its 4 stacked 84x84 frames
+
+    def close(self):
+        self.envs.close()
+
+
 class Run:
     """A training run's mechanics around a script's loop: the checks and the checkpoint it resumes before the first
     step, the seeds, the signals, the clock of the sps meter, the episodes' returns, the progress bar and the logs,
@@ -272,12 +355,14 @@ class Run:
     algo names the script's checkpoints ("sac") and name says it to a user ("SAC"); hyperparameters are the Args
     fields a resumed run must share with its checkpoint; make_eval_env(seed, render_mode) makes the env the saved
     agent is evaluated on; unit is what an evaluation episode is called; ended_early completes "sps not measured (run
-    ended ...)"; distributed runs report their world size."""
+    ended ...)"; distributed runs report their world size. schedule names what the script computes from
+    --total-timesteps ("the learning-rate anneal"), None if nothing: a resume with another budget is then refused."""
 
     def __init__(self, args, script_file, algo, name, hyperparameters, make_eval_env, unit="episodes",
-                 ended_early="within measure_burnin iterations", distributed=False):  # fmt: skip
+                 ended_early="within measure_burnin iterations", distributed=False, schedule=None):  # fmt: skip
         self.start = time.perf_counter()
         self.args, self.algo, self.name, self.hyperparameters = args, algo, name, hyperparameters
+        self.schedule = schedule
         self.make_eval_env, self.unit, self.ended_early = make_eval_env, unit, ended_early
         self.script, self.distributed = os.path.basename(script_file), distributed
         self.rank, self.world_size, local_world_size = world()
@@ -354,6 +439,15 @@ class Run:
         ]
         if changed:
             exit_with_error(f"{path} was made with other hyper-parameters: {', '.join(changed)}")
+        # A schedule computed from the budget would jump mid-run under another one (an anneal back up, an epsilon
+        # decay pushed out), and an anneal past its budget would go negative: a budget is the run's for good.
+        budget = checkpoint.get("total_timesteps")
+        if self.schedule and budget is not None and budget != args.total_timesteps:
+            exit_with_error(f"{path} is a run of --total-timesteps {budget}, from which {self.schedule} is computed: "
+                            f"resume it with --total-timesteps {budget} (or start a new run)")  # fmt: skip
+        if self.schedule and budget is None and self.rank == 0:  # written before checkpoints held their budget
+            print(f"{self.script}: {path} does not say its --total-timesteps; {self.schedule} is computed from "
+                  f"{args.total_timesteps} from here on", file=sys.stderr)  # fmt: skip
         return checkpoint
 
     def save_checkpoint(self, **agent):
@@ -366,6 +460,7 @@ class Run:
             "env_id": args.env_id,
             "seed": args.seed,
             "hyperparameters": {name: getattr(args, name) for name in self.hyperparameters},
+            "total_timesteps": args.total_timesteps,
             **agent,
         }
         checkpoint.setdefault("recent_returns", list(self.recent_returns))
@@ -387,13 +482,14 @@ class Run:
         self.total = total
         self.pbar = tqdm.tqdm(total=total, desc=self.script, mininterval=1.0, initial=start, disable=self.rank != 0)
 
-    def clock(self, iteration, train_iteration, measure_iteration, global_step=None):
+    def clock(self, iteration, train_iteration, measure_iteration, global_step=None, ready=True):
         """At the top of each iteration: the warm-up clock (compile time) starts at the first training iteration,
-        the sps clock measure_burnin iterations later, at global_step (default: the iteration is the step). A loop
-        whose iterations count several steps starts each clock at the first iteration at or past its mark."""
+        the sps clock measure_burnin iterations later, at global_step (default: the iteration is the step), or later
+        while ready is False (a twin's CUDA graphs not all recorded yet). A loop whose iterations count several steps
+        starts each clock at the first iteration at or past its mark."""
         if self.train_start is None and iteration >= train_iteration:
             self.train_start = time.perf_counter()
-        if self.measure_start is None and iteration >= measure_iteration:
+        if self.measure_start is None and iteration >= measure_iteration and ready:
             self.measure_start = time.perf_counter()
             self.measure_start_step = iteration if global_step is None else global_step
             self.compile_seconds = self.measure_start - self.train_start

@@ -51,7 +51,7 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """automatic tuning of the entropy coefficient"""
 
 
-LOG_EVERY = 100  # steps between progress-bar updates, logging and the non-finite loss check
+LOG_EVERY = 100  # iterations (steps of one env) between progress-bar updates, logs and the non-finite loss check
 # What makes the agent: a checkpoint made with other values of these is refused by --resume.
 HYPERPARAMETERS = ("num_envs", "gradient_steps", "buffer_size", "gamma", "tau", "batch_size",
                    "learning_starts", "policy_lr", "q_lr", "policy_frequency", "target_network_frequency",
@@ -72,8 +72,7 @@ def check_args(args):
 
 def make_env(env_id, render_mode=None):
     try:
-        # Asked for only when recording: an env that takes no render_mode argument still trains.
-        env = gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
+        env = run_utils.make_gym_env(env_id, render_mode)  # gym.make, without MuJoCo's settotalmass warning
     except gym.error.Error as error:
         run_utils.exit_with_error(f"cannot make env {env_id!r}: {error}")
     if not isinstance(env.action_space, gym.spaces.Box):
@@ -360,7 +359,8 @@ if __name__ == "__main__":
                         losses.update(sac.update_actor(data))
                 if update % args.target_network_frequency == 0:
                     sac.update_targets()
-            if step % LOG_EVERY < args.num_envs:  # the iteration passed a multiple of LOG_EVERY
+            # Counted in iterations, not env steps: every log reads the losses back, a wait for the device.
+            if iteration % LOG_EVERY == 0:
                 run.log(step, losses, {"alpha": sac.log_alpha.exp()})
 
         global_step = step + args.num_envs

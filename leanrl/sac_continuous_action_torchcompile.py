@@ -58,11 +58,13 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """if toggled, the updates and action selection are captured in CUDA graphs (CUDA only)"""
 
 
-LOG_EVERY = 100  # steps between progress-bar updates, logging and the non-finite loss check
+LOG_EVERY = 100  # iterations (steps of one env) between progress-bar updates, logs and the non-finite loss check
 # What makes the agent: a checkpoint made with other values of these is refused by --resume.
 HYPERPARAMETERS = ("num_envs", "gradient_steps", "buffer_size", "gamma", "tau", "batch_size",
                    "learning_starts", "policy_lr", "q_lr", "policy_frequency", "target_network_frequency",
                    "alpha", "autotune")  # fmt: skip
+
+CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the calls before run eagerly)
 
 
 def check_args(args):
@@ -79,8 +81,7 @@ def check_args(args):
 
 def make_env(env_id, render_mode=None):
     try:
-        # Asked for only when recording: an env that takes no render_mode argument still trains.
-        env = gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
+        env = run_utils.make_gym_env(env_id, render_mode)  # gym.make, without MuJoCo's settotalmass warning
     except gym.error.Error as error:
         run_utils.exit_with_error(f"cannot make env {env_id!r}: {error}")
     if not isinstance(env.action_space, gym.spaces.Box):
@@ -283,9 +284,12 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
         policy = torch.compile(policy)
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
-        update_critic = CudaGraphModule(update_critic, in_keys=[], out_keys=[], warmup=5)
-        update_actor = CudaGraphModule(update_actor, in_keys=[], out_keys=[], warmup=5)
-        policy = CudaGraphModule(policy, warmup=5)
+        update_critic = CudaGraphModule(update_critic, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
+        update_actor = CudaGraphModule(update_actor, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
+        policy = CudaGraphModule(policy, warmup=CUDAGRAPH_WARMUP)
+    # The sps clock starts once every graph is recorded: a capture, like a compilation, is not the steady state.
+    graphs = [update_critic, update_actor, policy] if args.cudagraphs else []
+    captured = lambda: all(graph.counter >= CUDAGRAPH_WARMUP for graph in graphs)  # noqa: E731
 
     # Checkpoints hold the plain script's layout: a state_dict per network, the plain optimizers' settings.
     plain_adam = dict(fused=None, capturable=False)
@@ -315,6 +319,7 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
             alpha.copy_(log_alpha.detach().exp())
 
     return SimpleNamespace(
+        captured=captured,
         actor=actor,
         qnet_params=qnet_params,
         target_qnet_params=target_qnet_params,
@@ -383,7 +388,7 @@ if __name__ == "__main__":
     train_step = max(args.learning_starts, start_step)  # where this process starts training
     global_step = start_step  # the steps done, as the loop goes
     for step in run.steps(start_step, args.total_timesteps, args.num_envs):
-        run.clock(step, train_step, train_step + args.measure_burnin * args.num_envs)
+        run.clock(step, train_step, train_step + args.measure_burnin * args.num_envs, ready=sac.captured())
         if step < args.learning_starts:
             actions = envs.action_space.sample()
         else:
@@ -411,7 +416,8 @@ if __name__ == "__main__":
                         losses.update(sac.update_actor(data))
                 if update % args.target_network_frequency == 0:
                     sac.update_targets()
-            if step % LOG_EVERY < args.num_envs:  # the iteration passed a multiple of LOG_EVERY
+            # Counted in iterations, not env steps: every log reads the losses back, a wait for the device.
+            if iteration % LOG_EVERY == 0:
                 run.log(step, losses, {"alpha": sac.log_alpha.exp()})
 
         global_step = step + args.num_envs

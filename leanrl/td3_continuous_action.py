@@ -49,7 +49,7 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """noise clip parameter of the target policy smoothing regularization"""
 
 
-LOG_EVERY = 100  # steps between progress-bar updates, logging and the non-finite loss check
+LOG_EVERY = 100  # iterations (steps of one env) between progress-bar updates, logs and the non-finite loss check
 # What makes the agent: a checkpoint made with other values of these is refused by --resume.
 HYPERPARAMETERS = ("num_envs", "gradient_steps", "learning_rate", "buffer_size", "gamma", "tau",
                    "batch_size", "policy_noise", "exploration_noise", "learning_starts", "policy_frequency",
@@ -73,8 +73,7 @@ def check_args(args):
 
 def make_env(env_id, render_mode=None):
     try:
-        # Asked for only when recording: an env that takes no render_mode argument still trains.
-        env = gym.make(env_id, render_mode=render_mode) if render_mode else gym.make(env_id)
+        env = run_utils.make_gym_env(env_id, render_mode)  # gym.make, without MuJoCo's settotalmass warning
     except gym.error.Error as error:
         run_utils.exit_with_error(f"cannot make env {env_id!r}: {error}")
     space = env.action_space
@@ -323,7 +322,8 @@ if __name__ == "__main__":
                 if update % args.policy_frequency == 0:  # delayed: the actor and the targets move less often
                     losses.update(td3.update_actor(data))
                     td3.update_targets()
-            if step % LOG_EVERY < args.num_envs:  # the iteration passed a multiple of LOG_EVERY
+            # Counted in iterations, not env steps: every log reads the losses back, a wait for the device.
+            if iteration % LOG_EVERY == 0:
                 run.log(step, losses)
 
         global_step = step + args.num_envs
