@@ -18,17 +18,19 @@ the end benchmarks/speedup_table.py writes DIR/speedup.md, DIR/sps.png and DIR/f
 
 Modes (each run's budget flags are in the budget table near the top of run.sh):
   (default)          full budgets, the scripts' own defaults (CleanRL's: 1M steps of HalfCheetah-v5 for
-                     SAC, TD3 and PPO, 10M of Breakout for Atari PPO, 500k of CartPole-v1 for DQN): about a
-                     week on a 2-core CPU.
+                     SAC, TD3 and PPO, 10M of Breakout for Atari PPO and PQN, 500k of CartPole-v1 for DQN
+                     and PQN): about a week on a 2-core CPU.
   --quick            the envs of the full runs, a budget just long enough for a steady sps (which counts
                      neither the random warm-up nor the 3 burn-in iterations): SAC 5000 random + 1500
                      training steps, TD3 25000 random (the default; a few seconds) + 1500, PPO
                      continuous 3 + 3 rollouts of 2048 steps, PPO Atari 3 + 20 rollouts of 8 envs x 128
                      (3 + 3 measured a second on an H100: too short to be steady), DQN 10000 random + 20000
-                     (2000 gradient steps). Default 3 seeds: 54 runs on a CPU, about 70 minutes on 2 cores
-                     (69 min 9 s on a 2-core AMD EPYC VM with a warm compile cache, 2026-11-26, of which 50 min
-                     for the 18 Breakout runs of the two Atari pairs; a cold cache adds 20-30 s per compiled
-                     twin).
+                     (2000 gradient steps), PQN 25 rollouts of 4 x 128 on CartPole-v1 and of 8 x 128 on
+                     Breakout (3 burn-in, 5 till the CUDA graphs are recorded, then 20 or more measured).
+                     Default 3 seeds: 72 runs on a CPU. The 54 of the six pairs before PQN took 69 min 9 s on
+                     a 2-core AMD EPYC VM with a warm compile cache, 2026-11-26 (50 min for the 18 Breakout
+                     runs of the two PPO Atari pairs); the 18 PQN runs are not timed yet. A cold cache adds
+                     20-30 s per compiled twin.
   --tiny             a few hundred steps per run on small envs, seed 1: checks that everything runs (CI);
                      its speeds mean nothing.
 The distributed Atari pair runs as a world of one, a plain launch (its row is ppo_atari_distributed); runs of
@@ -88,6 +90,8 @@ budget() { # $1: mode, $2: script
     quick/ppo_atari_envpool | quick/ppo_atari_envpool_distributed) # (3 burn-in + 20) rollouts of 8 envs x 128
       echo "--total-timesteps 23552" ;; # the distributed pair: a world of one (run.sh launches with python)
     quick/dqn) echo "--total-timesteps 30000" ;;                   # 10000 random + 20000 (2000 gradient steps)
+    quick/pqn) echo "--total-timesteps 12800" ;; # 25 rollouts of 4 envs x 128: 3 burn-in (5 till captured) + 20
+    quick/pqn_atari_envpool) echo "--total-timesteps 25600" ;; # 25 rollouts of 8 envs x 128, as for PQN
     tiny/sac_continuous_action | tiny/td3_continuous_action)
       echo "--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 200" ;;
     tiny/ppo_continuous_action) # 4 rollouts of 64 steps: one past the 3 burn-in iterations
@@ -95,6 +99,10 @@ budget() { # $1: mode, $2: script
     tiny/ppo_atari_envpool | tiny/ppo_atari_envpool_distributed)
       echo "--num-envs 2 --num-steps 32 --update-epochs 1 --total-timesteps 256" ;;
     tiny/dqn) echo "--learning-starts 200 --batch-size 32 --total-timesteps 400" ;; # 20 gradient steps
+    tiny/pqn) # 6 rollouts of 2 envs x 16 steps
+      echo "--num-envs 2 --num-steps 16 --num-minibatches 2 --update-epochs 1 --total-timesteps 192" ;;
+    tiny/pqn_atari_envpool) # 4 rollouts of 2 envs x 32 steps: one past the 3 burn-in iterations
+      echo "--num-envs 2 --num-steps 32 --num-minibatches 1 --update-epochs 1 --total-timesteps 256" ;;
     *) return 1 ;;
   esac
 }

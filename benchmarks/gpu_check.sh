@@ -24,6 +24,10 @@
 #            by side on one H100 the four went at 316 sps each, about a quarter of the speed-up table's (1102, 1248). The
 #            runs checkpoint every 50k steps and at a SIGTERM: the same stage with the same OUT_DIR skips finished runs
 #            and resumes a cut one, so the stage can span calls on a warm machine (at 1100 sps a 300k run is 4.5 min).
+#   learning-pqn  the PQN Atari twin, --compile --cudagraphs, Breakout-v5, CleanRL's 10M steps (learning-pqn:STEPS:
+#            that many), seed 1 (OUT_DIR/learning/pqn_atari/, with a plot and table against CleanRL's 384.85 in
+#            OUT_DIR/learning/pqn_atari.png); it checkpoints every 500k steps and at a SIGTERM, so the same stage with the
+#            same OUT_DIR resumes it, call after call on a warm machine, until its record is written.
 #   micro    benchmarks/micro_benchmark.py on CUDA: action selection at batch 1-256 and the updates, eager,
 #            compiled, compiled and captured (OUT_DIR/micro_cuda.md).
 #   profile  each twin with --compile --cudagraphs under cProfile, on the full runs' env: the 30 functions with
@@ -39,13 +43,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke[:PAIR]|tests[:cuda]|speedup:SEED[:PAIR]|table|envspeed|learning[:STEPS]|micro|profile[:PAIR]|scaling ...]" >&2; exit 2; }
+(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke[:PAIR]|tests[:cuda]|speedup:SEED[:PAIR]|table|envspeed|learning[:STEPS]|learning-pqn[:STEPS]|micro|profile[:PAIR]|scaling ...]" >&2; exit 2; }
 out=$1
 shift
 stages=("$@")
 ((${#stages[@]})) || stages=(smoke tests speedup:1 speedup:2 speedup:3 table envspeed micro profile scaling)
 for stage in "${stages[@]}"; do
-  [[ $stage =~ ^(smoke(:[a-z_]+)?|tests(:cuda)?|speedup:[0-9]+(:[a-z_]+)?|table|envspeed|learning(:[0-9]+)?|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
+  [[ $stage =~ ^(smoke(:[a-z_]+)?|tests(:cuda)?|speedup:[0-9]+(:[a-z_]+)?|table|envspeed|learning(:[0-9]+)?|learning-pqn(:[0-9]+)?|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
     { echo "gpu_check: unknown stage '$stage'" >&2; exit 2; }
 done
 mkdir -p "$out"
@@ -67,6 +71,8 @@ smoke_flags() {
     ppo_continuous_action) echo "--total-timesteps 12288" ;;
     ppo_atari_envpool | ppo_atari_envpool_distributed) echo "--total-timesteps 8192" ;; # distributed: a world of 1
     dqn) echo "--total-timesteps 12000" ;; # 10000 random steps, then 200 updates
+    pqn) echo "--total-timesteps 5120" ;;                 # 10 rollouts of 4 x 128 (graphs recorded in the 5th)
+    pqn_atari_envpool) echo "--total-timesteps 10240" ;;  # 10 rollouts of 8 x 128
   esac
 }
 
@@ -114,6 +120,8 @@ profile_flags() {
     sac_continuous_action | td3_continuous_action) echo "--total-timesteps 11000 --learning-starts 5000" ;;
     ppo_continuous_action) echo "--total-timesteps 40960" ;;
     ppo_atari_envpool) echo "--total-timesteps 81920" ;;
+    pqn) echo "--total-timesteps 102400" ;;
+    pqn_atari_envpool) echo "--total-timesteps 81920" ;;
   esac
 }
 
@@ -128,6 +136,14 @@ learning() { # $1: the env steps of each run
   done
   "$python" benchmarks/learning_curves.py plot "$out/learning/sac" "$out/learning/td3" --out "$out/learning/curves.png" \
     --reach 5000 || status=1
+}
+
+learning_pqn() { # $1: the env steps of the run
+  mkdir -p "$out/learning/pqn_atari"
+  OMP_NUM_THREADS=2 "$python" benchmarks/learning_curves.py run --script pqn_atari_envpool_torchcompile --seeds 1 \
+    --checkpoint-every 500000 --out "$out/learning/pqn_atari" -- --compile --cudagraphs --total-timesteps $1 \
+    >>"$out/learning/pqn_atari.log" 2>&1 || status=1
+  "$python" benchmarks/learning_curves.py plot "$out/learning/pqn_atari" --out "$out/learning/pqn_atari.png" || status=1
 }
 
 profile() { # $@: the pairs, named by their plain script
@@ -176,7 +192,7 @@ for stage in "${stages[@]}"; do
   echo "=== $stage ($(date +%H:%M:%S))"
   case $stage in
     smoke) smoke sac_continuous_action td3_continuous_action ppo_continuous_action ppo_atari_envpool dqn \
-      ppo_atari_envpool_distributed ;;
+      ppo_atari_envpool_distributed pqn pqn_atari_envpool ;;
     smoke:*) smoke "${stage#smoke:}" ;;
     tests) "$python" -m pytest -n auto tests -q -p no:cacheprovider 2>&1 | tee "$out/pytest.log" | tail -n 40 || status=1 ;;
     tests:cuda)
@@ -202,11 +218,14 @@ for stage in "${stages[@]}"; do
       ;;
     learning) learning 300000 ;;
     learning:*) learning "${stage#learning:}" ;;
+    learning-pqn) learning_pqn 10000000 ;;
+    learning-pqn:*) learning_pqn "${stage#learning-pqn:}" ;;
     micro)
       "$python" benchmarks/micro_benchmark.py --devices cuda --repeats 3 --out "$out/micro_cuda.md" \
         --configs "plain (eager)" "twin (eager)" "twin --compile" "twin --compile --cudagraphs" || status=1
       ;;
-    profile) profile sac_continuous_action td3_continuous_action ppo_continuous_action ppo_atari_envpool ;;
+    profile) profile sac_continuous_action td3_continuous_action ppo_continuous_action ppo_atari_envpool pqn \
+      pqn_atari_envpool ;;
     profile:*) profile "${stage#profile:}" ;;
     scaling) scaling ;;
   esac

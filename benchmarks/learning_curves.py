@@ -88,6 +88,7 @@ ALGOS = {
     "ppo_continuous_action": "ppo_continuous",
     "ppo_atari_envpool": "ppo_atari",
     "ppo_atari_envpool_distributed": "ppo_atari",  # in any world size
+    "pqn_atari_envpool": "pqn_atari",
 }
 COLORS = plt.get_cmap("tab10").colors  # a run's colour, on both axes of its panel
 RECORD_FIELDS = {"script", "script_path", "algo", "env_id", "seed", "flags", "total_timesteps", "steps", "episodes"}
@@ -140,6 +141,9 @@ REFERENCES = {
         cleanrl("ppo_continuous_action.py", 1_000_000, 1442.64, 46.03, "HalfCheetah-v4"),
     ],
     ("dqn", "CartPole"): [cleanrl("dqn.py", 500_000, 488.69, 16.11, "CartPole-v1")],
+    ("pqn", "CartPole"): [cleanrl("pqn.py", 500_000, 495.13, 6.89, "CartPole-v1")],
+    ("pqn", "Acrobot"): [cleanrl("pqn.py", 500_000, -95.63, 5.73, "Acrobot-v1")],
+    ("pqn_atari", "Breakout"): [cleanrl("pqn_atari_envpool.py", 10_000_000, 384.85, 12.39, "Breakout-v5")],
     ("ppo_atari", "Breakout"): [
         cleanrl("ppo_atari_envpool.py", 10_000_000, 211.24, 151.84, "Breakout-v5"),
         cleanrl("ppo_atari_envpool_xla_jax.py", 10_000_000, 420.92, 16.75, "Breakout-v5"),
