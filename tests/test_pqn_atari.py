@@ -1,0 +1,598 @@
+"""Tests of the PQN Atari pair: leanrl/pqn_atari_envpool.py (plain) and its twin pqn_atari_envpool_torchcompile.py.
+
+Everything goes through the scripts' stable interface: Args, compute_q_lambda_returns, epsilon_greedy, build_pqn and
+the namespace it returns, the command line, the globals of a run (`episode_returns`, the last rollout), the
+--results-path JSON line, checkpoints and exit statuses. The plain script stores frames as float32, the twin as
+uint8: both divide by 255 in the network. A Breakout learning run is too slow for a test (the docs page shows one);
+the learning test here is the unit one: updates move each Q value toward its target.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import envpool
+import numpy as np
+import pytest
+import torch
+from conftest import (
+    ATOL,
+    DEVICES,
+    REPO_ROOT,
+    RTOL,
+    SameUpdates,
+    TinyRun,
+    assert_changed,
+    assert_leaves_close,
+    assert_params_close_after_steps,
+    check_args_of_the_pair_match,
+    check_bad_input,
+    check_bad_input_in_process,
+    check_checkpoints_load_across_the_pair,
+    check_every_flag_has_a_docstring_shown_by_help,
+    check_plain_results_line_is_appended,
+    check_resume_continues_the_run,
+    check_twin_runs_with_cudagraphs_on_cuda,
+    check_twin_runs_with_every_flag_combination,
+    load_checkpoint,
+    load_script,
+    one_torch_thread,
+    read_results,
+    requires_cuda,
+    run_in_process,
+    script_path,
+)
+from tensordict import TensorDict
+
+PLAIN = "pqn_atari_envpool"
+TWIN = "pqn_atari_envpool_torchcompile"
+SCRIPTS = (PLAIN, TWIN)
+NUM_ACTIONS, BATCH = 4, 64
+LOSS_NAMES = {"td_loss", "q_values"}
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # the CNN's OpenMP threads wait for one another on a small shared machine
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with one_torch_thread():
+        yield
+
+
+def build(module, device="cpu", seed=0, **arg_overrides):
+    torch.manual_seed(seed)
+    return module.build_pqn(NUM_ACTIONS, module.Args(**arg_overrides), torch.device(device))
+
+
+def params(pqn):
+    return {name: value.detach().clone() for name, value in pqn.qnet.state_dict().items()}
+
+
+def random_minibatch(seed, size=BATCH, masked_fraction=0.25, device="cpu"):
+    """A minibatch of random Atari frames (uint8), actions and returns, some steps masked out (reset steps)."""
+    generator = torch.Generator().manual_seed(seed)
+    batch = dict(
+        obs=torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8, generator=generator),
+        actions=torch.randint(0, NUM_ACTIONS, (size,), generator=generator),
+        returns=torch.randn(size, generator=generator),
+        mask=(torch.rand(size, generator=generator) >= masked_fraction).float(),
+    )
+    return {key: value.to(device) for key, value in batch.items()}
+
+
+def call_update(pqn, name, batch):
+    """The plain script's update takes the minibatch's tensors (float32 frames), the twin's a TensorDict of them."""
+    if name == PLAIN:
+        return pqn.update(batch["obs"].float(), batch["actions"], batch["returns"], batch["mask"])
+    return pqn.update(TensorDict(dict(batch), batch_size=[len(batch["obs"])]))
+
+
+def detached(losses):
+    return {key: value.detach().clone() for key, value in losses.items()}
+
+
+def q_of_actions(pqn, obs, actions):
+    with torch.no_grad():
+        return pqn.qnet(obs.float()).gather(1, actions[:, None])[:, 0]
+
+
+# --- 1. Learning, unit level: updates move each Q value toward its target -----------------------------------------
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_learns_updates_move_q_values_toward_their_targets(name):
+    """Four updates on one batch whose targets lie above Q(s, a) for actions 0 and 1 and below it for 2 and 3: every
+    Q(s, a) moves toward its target and the loss falls. (The sign is tied to the action so that a few small steps
+    can follow it for every sample, not only on average; the twin's compiled update is shown equal to this one.)"""
+    module = load_script(name)
+    pqn = build(module, learning_rate=1e-3)
+    batch = random_minibatch(seed=5, masked_fraction=0.0)
+    before = q_of_actions(pqn, batch["obs"], batch["actions"])
+    offsets = torch.where(batch["actions"] < 2, 1.0, -1.0) * (
+        0.5 + torch.rand(BATCH, generator=torch.Generator().manual_seed(6))
+    )
+    batch["returns"] = before + offsets
+    losses = [detached(call_update(pqn, name, batch)) for _ in range(4)]
+    assert set(losses[0]) == LOSS_NAMES
+    after = q_of_actions(pqn, batch["obs"], batch["actions"])
+    moved = (after - before) * offsets.sign()
+    print(f"{name}: mean move toward the target {moved.mean():.4f}, td_loss {losses[0]['td_loss']:.4f} -> "
+          f"{losses[-1]['td_loss']:.4f}")  # fmt: skip
+    assert (moved > 0).all(), f"Q values that moved away from their targets: {moved[moved <= 0]}"
+    assert (
+        losses[-1]["td_loss"] < losses[0]["td_loss"]
+        and ((after - batch["returns"]) ** 2).mean() < losses[-1]["td_loss"]
+    )
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_masked_steps_do_not_change_the_update(name):
+    """Steps with mask 0 (envpool's reset steps) have no effect: changing their data changes nothing."""
+    module = load_script(name)
+    first, second = build(module), build(module)
+    batch = random_minibatch(seed=11)
+    masked = batch["mask"] == 0
+    assert 0 < masked.sum() < BATCH
+    noise = random_minibatch(seed=12)
+    other = dict(batch)
+    for key in ("obs", "actions", "returns"):
+        other[key] = torch.where(masked.view(-1, *[1] * (batch[key].dim() - 1)), noise[key], batch[key])
+    for round_ in range(2):
+        losses_first, losses_second = detached(call_update(first, name, batch)), call_update(second, name, other)
+        assert_leaves_close(detached(losses_second), losses_first, f"round {round_} losses")
+        assert_leaves_close(params(second), params(first), f"round {round_} parameters")
+    unmasked = build(module)
+    call_update(unmasked, name, dict(other, mask=torch.ones(BATCH)))
+    assert_changed(params(unmasked), params(first), "the masked data, once unmasked,")
+
+
+# --- 2. Q(lambda) returns and epsilon-greedy ------------------------------------------------------------------------
+
+
+def reference_q_lambda_returns(rewards, values, dones, next_value, next_done, gamma, q_lambda):
+    """The lambda-return from its definition, one env and one step at a time, in float64: the (1 - lambda) lambda^(n-1)
+    weighted mix of the n-step returns G(n) = r[t] + ... + gamma^(n-1) r[t+n-1] + gamma^n max_a Q(obs[t+n]), the longest
+    one available (up to the episode's end, with no bootstrap there, or to the rollout's end) taking the rest of the
+    weight."""
+    rewards, values, dones = (np.asarray(x, dtype=np.float64) for x in (rewards, values, dones))
+    values = np.concatenate([values, np.asarray(next_value, dtype=np.float64)[None]])
+    dones = np.concatenate([dones, np.asarray(next_done, dtype=np.float64)[None]])
+    num_steps, num_envs = rewards.shape
+    returns = np.zeros((num_steps, num_envs))
+    for env in range(num_envs):
+        for t in range(num_steps):
+            ends = [k for k in range(1, num_steps - t + 1) if dones[t + k, env]]
+            longest = ends[0] if ends else num_steps - t
+            n_step = [sum(gamma**k * rewards[t + k, env] for k in range(n)) + gamma**n * values[t + n, env]
+                      for n in range(1, longest + 1)]  # fmt: skip
+            if ends:  # observation t + longest is the episode's last: nothing is bootstrapped from it
+                n_step[-1] -= gamma**longest * values[t + longest, env]
+            mix = sum((1 - q_lambda) * q_lambda ** (n - 1) * n_step[n - 1] for n in range(1, longest))
+            returns[t, env] = mix + q_lambda ** (longest - 1) * n_step[-1]
+    return torch.tensor(returns, dtype=torch.float32)
+
+
+def random_rollout(num_steps, num_envs, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return dict(
+        rewards=torch.randn(num_steps, num_envs, generator=generator),
+        values=torch.randn(num_steps, num_envs, generator=generator),
+        dones=(torch.rand(num_steps, num_envs, generator=generator) < 0.1).float(),
+        next_value=torch.randn(num_envs, generator=generator),
+        next_done=torch.tensor([1.0] + [0.0] * (num_envs - 1)),
+    )
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_q_lambda_returns_match_the_definition(name):
+    """The plain loop and the twin's parallel scan (its compiled form is compared with it below)."""
+    compute = load_script(name).compute_q_lambda_returns
+    for (num_steps, num_envs, seed), q_lambda in (((128, 8, 0), 0.65), ((37, 3, 1), 0.65), ((1, 2, 2), 0.65),
+                                                  ((20, 3, 3), 0.0), ((20, 3, 4), 1.0)):  # fmt: skip
+        rollout = random_rollout(num_steps, num_envs, seed)
+        assert 0 < rollout["dones"].sum() or num_steps == 1
+        expected = reference_q_lambda_returns(**rollout, gamma=0.99, q_lambda=q_lambda)
+        actual = compute(**rollout, gamma=0.99, q_lambda=q_lambda)
+        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, msg=lambda m, n=num_steps: f"T={n}: {m}")
+    # lambda 0: one-step Q-learning targets, cut where observation t + 1 ends an episode.
+    rollout = random_rollout(16, 4, seed=5)
+    next_values = torch.cat([rollout["values"][1:], rollout["next_value"][None]])
+    next_non_terminal = 1 - torch.cat([rollout["dones"][1:], rollout["next_done"][None]])
+    one_step = rollout["rewards"] + 0.9 * next_non_terminal * next_values
+    torch.testing.assert_close(compute(**rollout, gamma=0.9, q_lambda=0.0), one_step, rtol=RTOL, atol=ATOL)
+
+
+def test_epsilon_greedy_explores_at_its_rate():
+    """epsilon 0: the argmax; epsilon 1: uniform actions; epsilon 0.25: a quarter of the rows random (which pick the
+    greedy action a quarter of the time too)."""
+    module = load_script(PLAIN)
+    q_values = torch.randn(40_000, NUM_ACTIONS, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    assert torch.equal(module.epsilon_greedy(q_values, 0.0), q_values.argmax(1))
+    counts = torch.bincount(module.epsilon_greedy(q_values, 1.0), minlength=NUM_ACTIONS) / len(q_values)
+    torch.testing.assert_close(counts, torch.full((NUM_ACTIONS,), 1 / NUM_ACTIONS), rtol=0, atol=0.01)
+    not_greedy = (module.epsilon_greedy(q_values, 0.25) != q_values.argmax(1)).float().mean()
+    assert abs(not_greedy - 0.25 * 3 / 4) < 0.01, not_greedy
+
+
+# --- 3. The twin computes what the plain script does; compiled and eager agree -------------------------------------
+
+
+def learning_rate(pqn):
+    return float(pqn.optimizer.param_groups[0]["lr"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_eager_matches_plain(device):
+    """Same start, same minibatches, same learning-rate schedule: the twin's updates compute the plain script's; its
+    acting copy sees them, and its policy draws the same actions from the same seed."""
+    plain, twin = build(load_script(PLAIN), device), build(load_script(TWIN), device)
+    assert_leaves_close(params(twin), params(plain), "initial parameters", rtol=0, atol=0)
+    start = params(plain)
+    check = SameUpdates("update")
+    for round_ in range(3):
+        batch = random_minibatch(seed=200 + round_, device=device)
+        plain_losses, twin_losses = detached(call_update(plain, PLAIN, batch)), detached(call_update(twin, TWIN, batch))
+        assert_leaves_close(twin_losses, plain_losses, f"round {round_} losses")
+        check.check(twin.qnet, plain.qnet, learning_rate(plain), f"round {round_}")
+        plain.set_learning_rate(learning_rate(plain) * 0.5)
+        twin.set_learning_rate(learning_rate(twin) * 0.5)
+    assert_changed(start, params(plain), "plain parameters")
+
+    obs = random_minibatch(seed=8, size=32, device=device)["obs"]
+    outputs = {}
+    for label, pqn, frames, epsilon in ((PLAIN, plain, obs.float(), 0.5),
+                                        (TWIN, twin, obs, torch.tensor(0.5, device=device))):  # fmt: skip
+        torch.manual_seed(3)
+        outputs[label] = [*pqn.policy(frames, epsilon), pqn.value(frames)]
+    assert torch.equal(outputs[TWIN][0], outputs[PLAIN][0]), "other actions"
+    for actual, expected in zip(outputs[TWIN][1:], outputs[PLAIN][1:], strict=True):
+        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
+    for path, parameter in twin.qnet.named_parameters():
+        module_path, _, attribute = path.rpartition(".")
+        acting = getattr(twin.acting_qnet.get_submodule(module_path), attribute)
+        assert acting.data_ptr() == parameter.data_ptr() and not acting.requires_grad, path
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_compiled_matches_eager(device, inductor_fallback_random):
+    """The compiled update (forward and backward in one graph), policy, value and Q(lambda) returns compute the
+    eager twin's, round after round, with the learning rate annealed in place between rounds."""
+    module = load_script(TWIN)
+    eager, compiled = build(module, device, compile=False), build(module, device, compile=True)
+    check = SameUpdates("update")
+    for round_ in range(3):
+        batch = random_minibatch(seed=100 + round_, device=device)
+        losses = {
+            label: detached(call_update(pqn, TWIN, batch)) for label, pqn in (("eager", eager), ("compiled", compiled))
+        }
+        assert_leaves_close(losses["compiled"], losses["eager"], f"round {round_} losses")
+        check.check(compiled.qnet, eager.qnet, learning_rate(eager), f"round {round_}")
+        for pqn in (eager, compiled):
+            pqn.set_learning_rate(learning_rate(pqn) * 0.5)
+    # The shapes of a run of 2 envs x 32 steps (the flag-combination test's): its compiles then hit this one's cache.
+    obs = random_minibatch(seed=7, size=2, device=device)["obs"]
+    epsilon = torch.tensor(0.5, device=device)
+    outputs = {}
+    for label, pqn in (("eager", eager), ("compiled", compiled)):
+        torch.manual_seed(42)
+        calls = [pqn.policy(obs, epsilon) for _ in range(8)]
+        outputs[label] = [torch.stack([action for action, _ in calls]), calls[-1][1], pqn.value(obs)]
+    assert torch.equal(outputs["compiled"][0], outputs["eager"][0]), "other actions"
+    assert len(outputs["eager"][0].unique()) > 1, "the policy does not explore"
+    for actual, expected in zip(outputs["compiled"][1:], outputs["eager"][1:], strict=True):
+        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
+    rollout = {key: value.to(device) for key, value in random_rollout(32, 2, seed=9).items()}
+    expected = reference_q_lambda_returns(**{k: v.cpu() for k, v in rollout.items()}, gamma=0.99, q_lambda=0.65)
+    torch.testing.assert_close(eager.q_lambda_returns(**rollout).cpu(), expected, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        compiled.q_lambda_returns(**rollout), eager.q_lambda_returns(**rollout), rtol=RTOL, atol=ATOL
+    )
+
+
+@requires_cuda
+def test_twin_captured_matches_uncaptured(inductor_fallback_random):
+    """CudaGraphModule(warmup=CUDAGRAPH_WARMUP): calls before it run eagerly, that call records the graph, the later
+    ones replay it; each is compared with the uncaptured compiled twin's. The learning rate and epsilon are tensors
+    written in place between calls: the replays follow them."""
+    module = load_script(TWIN)
+    uncaptured = build(module, "cuda", compile=True)
+    captured = build(module, "cuda", compile=True, cudagraphs=True)
+    check = SameUpdates("update")
+    for call in range(1, module.CUDAGRAPH_WARMUP + 4):
+        lr = 2.5e-4 * (1 - call / 10)
+        for pqn in (uncaptured, captured):
+            pqn.set_learning_rate(lr)
+        obs = random_minibatch(seed=1000 + call, size=8, device="cuda")["obs"]
+        epsilon = torch.tensor(0.1 * call, device="cuda")
+        outputs = {}
+        for label, pqn in (("uncaptured", uncaptured), ("captured", captured)):
+            torch.manual_seed(100 * call)
+            outputs[label] = [*pqn.policy(obs, epsilon), pqn.value(obs)]
+        assert torch.equal(outputs["captured"][0], outputs["uncaptured"][0]), f"call {call}: other actions"
+        for actual, expected in zip(outputs["captured"][1:], outputs["uncaptured"][1:], strict=True):
+            torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
+        batch = random_minibatch(seed=call, device="cuda")
+        losses = {
+            label: detached(call_update(pqn, TWIN, batch))
+            for label, pqn in (("uncaptured", uncaptured), ("captured", captured))
+        }
+        assert_leaves_close(losses["captured"], losses["uncaptured"], f"call {call} losses")
+        check.check(captured.qnet, uncaptured.qnet, lr, f"call {call}", grads=call != module.CUDAGRAPH_WARMUP)
+        rollout = {key: value.cuda() for key, value in random_rollout(32, 4, seed=call).items()}
+        torch.testing.assert_close(captured.q_lambda_returns(**rollout), uncaptured.q_lambda_returns(**rollout),
+                                   rtol=RTOL, atol=ATOL)  # fmt: skip
+    for function in ("update", "policy", "value", "q_lambda_returns"):
+        assert getattr(captured, function).counter == module.CUDAGRAPH_WARMUP, f"{function} was not captured"
+
+
+# --- 4. Flags and bad input ---------------------------------------------------------------------------------------
+
+
+def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
+    # The flags every script has are checked in conftest; here CleanRL's pqn_atari_envpool hyper-parameters.
+    expected = dict(env_id="Breakout-v5", total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128,
+                    anneal_lr=True, gamma=0.99, num_minibatches=4, update_epochs=4, max_grad_norm=10.0, start_e=1.0,
+                    end_e=0.01, exploration_fraction=0.10, q_lambda=0.65)  # fmt: skip
+    check_args_of_the_pair_match(PLAIN, TWIN, expected)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_flag_has_a_docstring_shown_by_help(name):
+    check_every_flag_has_a_docstring_shown_by_help(name)
+
+
+BAD_INPUTS = {
+    "unknown-env": (("--env-id", "NoSuchGame-v5"), ("NoSuchGame-v5",)),
+    "mujoco-env": (("--env-id", "HalfCheetah-v5"), ("HalfCheetah-v5", "Atari")),
+    "classic-env": (("--env-id", "CartPole-v1"), ("CartPole-v1", "Atari")),
+    "minibatches-do-not-divide": (
+        ("--num-envs", "2", "--num-steps", "32", "--num-minibatches", "3"),
+        ("num-minibatches", "64"),
+    ),  # fmt: skip
+    "zero-envs": (("--num-envs", "0"), ("num-envs",)),
+    "zero-epochs": (("--update-epochs", "0"), ("update-epochs",)),
+    "zero-timesteps": (("--total-timesteps", "0"), ("total-timesteps",)),
+    "lambda-below-0": (("--q-lambda", "-0.1"), ("q-lambda", "[0, 1]")),
+    "lambda-above-1": (("--q-lambda", "1.5"), ("q-lambda", "[0, 1]")),
+    "exploration-fraction-0": (("--exploration-fraction", "0"), ("exploration-fraction", "(0, 1]")),
+    "exploration-fraction-above-1": (("--exploration-fraction", "1.5"), ("exploration-fraction", "(0, 1]")),
+    "epsilon-rises": (("--start-e", "0.1", "--end-e", "0.5"), ("end-e", "start-e")),
+    "seed-out-of-range": (("--seed", "-1"), ("seed",)),
+    "checkpoint-every-without-save": (("--checkpoint-every", "1000"), ("checkpoint-every", "save-model")),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path, capsys):
+    flags, expected_words = BAD_INPUTS[case]
+    check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys)
+
+
+def test_bad_input_from_the_command_line(tmp_path):
+    """One case as a user meets it, in a subprocess: one line, exit status 2, no traceback."""
+    check_bad_input(TWIN, *BAD_INPUTS["mujoco-env"], tmp_path)
+
+
+# --- 5. Runs: the game's real returns, reset steps, determinism, twin run = plain run ------------------------------
+
+# Asterix: 3 lives, rewards of 50 and more (clipped to 1), games of about 200-350 steps per env under a near-random
+# policy (epsilon from 1 to 0.5 over the run). 4 envs x 320 steps: several finished games, and lives lost in the last
+# rollout.
+RUN = ("--env-id", "Asterix-v5", "--num-envs", "4", "--num-steps", "64", "--total-timesteps", "1280",
+       "--num-minibatches", "2", "--update-epochs", "1", "--end-e", "0.5", "--exploration-fraction", "1")  # fmt: skip
+
+
+class RecordingEnvs:
+    """An envpool env that keeps a copy of what each step returned."""
+
+    def __init__(self, envs):
+        self._envs = envs
+        self.steps = []
+
+    def __getattr__(self, name):
+        return getattr(self._envs, name)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self._envs.step(action)
+        self.steps.append(dict(clipped_reward=reward.copy(), game_reward=info["reward"].copy(),
+                               life_lost=terminated.copy(), truncated=truncated.copy(),
+                               game_over=info["terminated"].astype(bool)))  # fmt: skip
+        return obs, reward, terminated, truncated, info
+
+
+@pytest.fixture(scope="module")
+def recorded_run():
+    """recorded_run(name, seed): (the globals of a run of RUN, the envpool steps it made); each run is made once."""
+    cache = {}
+    real_make = envpool.make
+
+    def run(name, seed):
+        if (name, seed) not in cache:
+            made = []
+
+            def make(*args, **kwargs):
+                made.append(RecordingEnvs(real_make(*args, **kwargs)))
+                return made[-1]
+
+            with pytest.MonkeyPatch.context() as patch, one_torch_thread():
+                patch.setattr(envpool, "make", make)
+                run_globals = run_in_process(name, *RUN, "--seed", seed)
+            cache[name, seed] = run_globals, made[0].steps
+        return cache[name, seed]
+
+    return run
+
+
+def episode_sums(steps, reward_key, end_keys):
+    """The sum of a reward over each episode, an episode ending where one of end_keys is true; in order of ending."""
+    totals, finished = np.zeros(len(steps[0][reward_key])), []
+    for step in steps:
+        totals += step[reward_key]
+        for env in np.flatnonzero(np.any([step[key] for key in end_keys], axis=0)):
+            finished.append(float(totals[env]))
+            totals[env] = 0.0
+    return finished
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_reported_returns_are_the_games_real_returns_and_reset_steps_are_masked(name, recorded_run):
+    """episode_returns holds whole games (all lives) scored with the game's own rewards, not the clipped ones; the
+    last rollout masks out envpool's reset steps (the step after an episode's end), and only those."""
+    run_globals, steps = recorded_run(name, 1)
+    game_returns = episode_sums(steps, "game_reward", ("game_over", "truncated"))
+    clipped_returns = episode_sums(steps, "clipped_reward", ("game_over", "truncated"))
+    per_life_returns = episode_sums(steps, "game_reward", ("life_lost", "truncated"))
+    assert len(game_returns) >= 3, game_returns
+    assert clipped_returns != game_returns and len(per_life_returns) > len(game_returns), "the test proves nothing"
+    assert run_globals["episode_returns"] == game_returns
+    assert all(isinstance(value, float) for value in game_returns)
+
+    num_steps = int(RUN[RUN.index("--num-steps") + 1])
+    ended = np.stack([step["life_lost"] | step["truncated"] for step in steps]).astype(np.float32)
+    expected_mask = 1.0 - ended[-num_steps - 1 : -1]  # step k is a reset step when step k - 1 ended an episode
+    mask = run_globals["b_mask"].reshape(num_steps, -1) if name == PLAIN else run_globals["rollout"]["mask"]
+    assert (expected_mask == 0).sum() >= 1, "no episode ended in the last rollout: the test proves nothing"
+    np.testing.assert_array_equal(mask.numpy(), expected_mask)
+
+
+def test_twin_run_matches_plain_run(recorded_run):
+    """Same seed and flags: the twin (eager) plays the same games as the plain script, another seed other games, and
+    the twin ends with the plain script's parameters (same draws in the same order; float32 rounding differs, in
+    foreach RAdam and the parallel scan, far below what could change an action in so short a run). Two runs of one
+    seed, in two scripts, playing the same games: the runs are a function of the seed (determinism)."""
+    plain_globals, plain_steps = recorded_run(PLAIN, 1)
+    twin_globals, twin_steps = recorded_run(TWIN, 1)
+    assert twin_globals["episode_returns"] == plain_globals["episode_returns"]
+    assert len(twin_steps) == len(plain_steps)
+    for plain_step, twin_step in zip(plain_steps, twin_steps, strict=True):
+        np.testing.assert_array_equal(twin_step["game_reward"], plain_step["game_reward"])
+    other_seed = recorded_run(TWIN, 2)[0]["episode_returns"]
+    assert other_seed != twin_globals["episode_returns"]
+    args, iterations = plain_globals["args"], plain_globals["num_iterations"]
+    lrs = [(1 - i / iterations) * args.learning_rate for i in range(iterations)]
+    lrs = [lr for lr in lrs for _ in range(args.update_epochs * args.num_minibatches)]
+    # RAdam's first steps are momentum SGD steps, lr times the gradient: allowed as 10 lr each (gradients stay small).
+    assert_params_close_after_steps(twin_globals["pqn"].qnet, plain_globals["pqn"].qnet, [10 * lr for lr in lrs],
+                                    "parameters at the end of the run")  # fmt: skip
+    assert_changed(params(build(load_script(PLAIN), seed=1)), params(plain_globals["pqn"]), "plain parameters")
+
+
+# --- 6. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA ----------------------
+
+# 8 iterations of 2 x 32 steps, more than measure_burnin (3): sps is measured. A Breakout game ends within 256 steps
+# per env under a near-random policy; a score is a whole number of at least 0 (a high bound: 10,000).
+TINY = TinyRun(
+    flags=(
+        "--env-id",
+        "Breakout-v5",
+        "--num-envs",
+        "2",
+        "--num-steps",
+        "32",
+        "--total-timesteps",
+        "512",
+        "--num-minibatches",
+        "1",
+        "--update-epochs",
+        "1",
+    ),  # fmt: skip
+    env_id="Breakout-v5",
+    total_timesteps=512,
+    return_range=(-1, 10_000),
+    env=ONE_THREAD,
+)
+
+
+def test_plain_results_line_is_appended(tmp_path):
+    check_plain_results_line_is_appended(PLAIN, "pqn_atari", tmp_path, tiny=TINY)
+
+
+def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
+    check_twin_runs_with_every_flag_combination(TWIN, "pqn_atari", tmp_path, tiny=TINY)
+
+
+@requires_cuda
+def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
+    check_twin_runs_with_cudagraphs_on_cuda(TWIN, "pqn_atari", tmp_path, tiny=TINY)
+
+
+# --- 7. Checkpoints: resume, the budget, evaluation across the pair, interruption ---------------------------------
+#
+# Iterations of 2 envs x 16 steps and one minibatch update each: a checkpoint's step count is a multiple of 32.
+
+TINY_FLAGS = ("--env-id", "Breakout-v5", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "1",
+              "--update-epochs", "1")  # fmt: skip
+BATCH_STEPS = 32
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_resume_continues_the_run_and_refuses_another_budget(name, tmp_path, saved_checkpoints, capsys):
+    """A run of 4 iterations saved after 2 and resumed from there ends as the uninterrupted run does (steps,
+    iterations, optimizer steps, the last iteration's annealed learning rate). The learning-rate anneal and the
+    epsilon decay are computed from --total-timesteps: a resume with another budget is refused in one line."""
+    resumed = check_resume_continues_the_run(name, TINY_FLAGS, tmp_path, saved_checkpoints, steps=2 * BATCH_STEPS,
+                                             same_as_shorter_run=False)  # fmt: skip
+    mid, full = saved_checkpoints[:2]
+    assert (mid["iteration"], full["iteration"], resumed["iteration"]) == (2, 4, 4)
+    learning_rate = load_script(name).Args.learning_rate
+    lr_of = lambda checkpoint: checkpoint["agent"]["optimizer"]["param_groups"][0]["lr"]  # noqa: E731
+    # Iteration i of 4 anneals the learning rate to (1 - (i - 1) / 4) of its start: 3/4 at the checkpoint, 1/4 last.
+    assert lr_of(mid) == pytest.approx(0.75 * learning_rate) and lr_of(full) == pytest.approx(0.25 * learning_rate)
+    assert lr_of(resumed) == lr_of(full)
+    capsys.readouterr()
+    flags = (*TINY_FLAGS, "--resume", tmp_path / "mid.pt", "--total-timesteps", 8 * BATCH_STEPS)
+    check_bad_input_in_process(name, flags, ["--total-timesteps 128", "epsilon decay"], tmp_path, capsys)
+
+
+def test_checkpoints_load_across_the_pair(tmp_path):
+    check_checkpoints_load_across_the_pair(PLAIN, TWIN, (*TINY_FLAGS, "--total-timesteps", 2 * BATCH_STEPS), tmp_path)
+
+
+def test_bad_checkpoints_are_refused(tmp_path, capsys):
+    flags = (*TINY_FLAGS, "--total-timesteps", BATCH_STEPS)
+    run_in_process(TWIN, *flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
+    torch.save(load_checkpoint(tmp_path / "agent.pt") | {"algo": "ppo_atari"}, tmp_path / "ppo.pt")
+    capsys.readouterr()
+    for case_flags, words in (
+        (("--resume", tmp_path / "ppo.pt"), ["not a PQN Atari checkpoint", "ppo-atari"]),
+        (("--resume", tmp_path / "agent.pt", "--q-lambda", "0.9"), ["--q-lambda", "hyper-parameters"]),
+        (("--resume", tmp_path / "agent.pt", "--env-id", "Pong-v5"), ["Breakout-v5", "Pong-v5"]),
+    ):
+        check_bad_input_in_process(PLAIN, (*flags, *case_flags), words, tmp_path, capsys)
+
+
+@pytest.mark.parametrize(("name", "signum"), [(PLAIN, signal.SIGINT), (TWIN, signal.SIGTERM)],
+                         ids=["plain-SIGINT", "twin-SIGTERM"])  # fmt: skip
+def test_signal_stops_the_run_with_a_checkpoint(name, signum, tmp_path):
+    """SIGINT or SIGTERM: the run stops at the end of an iteration, writes its checkpoint and a results line with
+    "interrupted": true, says so, exits 128 + the signal, no traceback. (conftest's check_signal_stops_the_run then
+    resumes with a longer budget, which this pair refuses; resuming is tested above.)"""
+    model, results, stderr_path = tmp_path / "agent.pt", tmp_path / "results.jsonl", tmp_path / "stderr.txt"
+    total = 10**6
+    command = [sys.executable, str(script_path(name)), *TINY_FLAGS, "--total-timesteps", str(total), "--save-model",
+               "--model-path", str(model), "--results-path", str(results)]  # fmt: skip
+    with open(stderr_path, "w") as stderr:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **ONE_THREAD},
+                                   stdout=subprocess.PIPE, stderr=stderr, text=True)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 600
+            while not re.search(r"\b[1-9]\d*/\d+\b", stderr_path.read_text()):  # the bar shows steps done
+                assert process.poll() is None and time.monotonic() < deadline, stderr_path.read_text()
+                time.sleep(0.5)
+            process.send_signal(signum)
+            stdout, _ = process.communicate(timeout=300)
+        finally:
+            process.kill()
+    error_output = stderr_path.read_text()
+    assert process.returncode == 128 + signum, (process.returncode, stdout, error_output[-2000:])
+    assert "Traceback" not in error_output + stdout, error_output[-2000:]
+    assert f"interrupted by {signal.Signals(signum).name}" in stdout.strip().splitlines()[-1], stdout
+    (result,) = read_results(results)
+    assert result["interrupted"] is True and result["model_path"] == str(model), result
+    assert 0 < result["steps_done"] < total and result["steps_done"] % BATCH_STEPS == 0, result
+    checkpoint = load_checkpoint(model)
+    assert (checkpoint["global_step"], checkpoint["total_timesteps"]) == (result["steps_done"], total)
