@@ -20,6 +20,8 @@ SCHEDULED = {  # the scripts whose schedule is computed from --total-timesteps, 
     "ppo_continuous_action": "learning-rate anneal",
     "ppo_atari_envpool": "learning-rate anneal",
     "ppo_atari_envpool_distributed": "learning-rate anneal",
+    "pqn": "learning-rate anneal and the epsilon decay",
+    "pqn_atari_envpool": "learning-rate anneal and the epsilon decay",
 }
 SCRIPTS = [plain + twin for plain in SCHEDULED for twin in ("", "_torchcompile")]
 
