@@ -13,6 +13,8 @@ did nothing but multiply matrices.
 
     python benchmarks/micro_benchmark.py                         # every algorithm, on CPU (and CUDA if present)
     python benchmarks/micro_benchmark.py --algos sac --repeats 7 --out micro.md
+    python benchmarks/micro_benchmark.py --algos dqn --configs "plain (eager)" "twin (eager)" --repeats 1 --calls 2
+                                                                 # a smoke run: seconds, its times meaningless
 """
 
 import argparse
@@ -34,6 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "leanrl"))  # the scripts import run_utils from their folder
 OBS_DIM, ACTION_DIM = 17, 6  # HalfCheetah-v5
 CARTPOLE_OBS_DIM, CARTPOLE_ACTIONS = 4, 2  # DQN's default env, CartPole-v1
 ACTION_BATCHES = (1, 4, 16, 256)
@@ -270,9 +273,19 @@ def main():
     parser.add_argument("--devices", nargs="+", default=None, help="default: cpu, and cuda when present")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None, help="also write the markdown table to this file")
+    parser.add_argument(
+        "--calls",
+        type=int,
+        default=None,
+        help="calls per timed run (default: 200 to act, 50 to update and for the matmul floor)",
+    )
     args = parser.parse_args()
     if args.repeats <= 0:
         parser.error("--repeats must be positive")
+    if args.calls is not None:
+        if args.calls <= 0:
+            parser.error("--calls must be positive")
+        CALLS_PER_TIMING.update(dict.fromkeys(CALLS_PER_TIMING, args.calls))
     devices = args.devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     if "cuda" in devices and not torch.cuda.is_available():
         parser.error("--devices cuda: no CUDA device here")

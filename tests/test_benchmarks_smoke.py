@@ -1,0 +1,158 @@
+"""Every tool in benchmarks/ runs, in its smallest configuration, as a user starts it (a subprocess from the
+repository root): a refactor of the scripts or of run_utils.py that breaks a tool fails here, not in front of a user
+(micro_benchmark.py once stopped at its first import, `No module named 'run_utils'`, unnoticed).
+
+The tools tested end to end in files of their own are named in TESTED_ELSEWHERE; the others run here. The compile
+configurations run with TORCH_COMPILE_DISABLE=1: torch.compile then returns the function unchanged, so the tool's
+plumbing (flags, runs, tables) is checked in seconds; compiling is what the pairs' own tests check.
+"""
+
+import json
+import os
+import re
+import runpy
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO_ROOT, describe
+from test_speedup_table import HAND_MADE, write_results
+
+BENCHMARKS = REPO_ROOT / "benchmarks"
+# Tools whose own test file runs them end to end, as a user does.
+TESTED_ELSEWHERE = {
+    "env_speed.py": "tests/test_env_speed.py (a subprocess over the PPO scripts' envs, with hand-made results)",
+    "learning_curves.py": "tests/test_learning_curves.py (run, record, plot and table, in subprocesses)",
+    "loop_breakdown.py": "tests/test_loop_breakdown.py (a subprocess per SAC and TD3 script)",
+    "rpc_agent_observer.py": "tests/test_rpc_agent_observer.py (worlds of processes, in a subprocess)",
+    "speedup_table.py": "tests/test_speedup_table.py (a subprocess over hand-made results; run.sh --tiny)",
+}
+TESTED_HERE = {"compile_warmup.py", "gpu_check.sh", "micro_benchmark.py", "vector_env_speed.py"}
+NO_COMPILE = {"TORCH_COMPILE_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def run_tool(tool, *args, env=None, timeout=600):
+    command = [str(BENCHMARKS / tool), *map(str, args)]
+    if tool.endswith(".py"):
+        command.insert(0, sys.executable)
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(command, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def table_rows(text, first_cell=r"[^|-]"):
+    """The cells of a markdown table's body rows (those whose first cell matches first_cell)."""
+    rows = [line for line in text.splitlines() if re.match(rf"\| *{first_cell}", line)]
+    return [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows]
+
+
+def test_every_tool_has_a_smoke_test():
+    tools = {path.name for path in BENCHMARKS.iterdir() if path.suffix in (".py", ".sh")}
+    assert tools == set(TESTED_ELSEWHERE) | TESTED_HERE, "a tool in benchmarks/ with no test that runs it"
+
+
+def test_micro_benchmark_times_every_algorithm_and_configuration(tmp_path):
+    out = tmp_path / "micro.md"
+    completed = run_tool("micro_benchmark.py", "--repeats", "1", "--calls", "1", "--out", out, env=NO_COMPILE)
+    assert completed.returncode == 0, describe(completed)
+    text = out.read_text()
+    assert text.strip() in completed.stdout
+    configs = ["plain (eager)", "twin (eager)", "twin --compile", "twin --compile, max-autotune",
+               "twin --compile, cpp_wrapper"]  # fmt: skip
+    rows = table_rows(text, r"(sac|td3|ppo_continuous|dqn) \| cpu \| (act|update)")
+    measured = {(algo, measure, int(batch), config) for algo, _, measure, batch, config, *_ in rows}
+    expected = {
+        (algo, measure, batch, config)
+        for algo, update_batch in (("sac", 256), ("td3", 256), ("ppo_continuous", 64), ("dqn", 128))
+        for measure, batch in [*(("act", b) for b in (1, 4, 16, 256)), ("update", update_batch)]
+        for config in configs
+    }
+    assert measured == expected and len(rows) == len(expected)
+    for *_, us, calls, speedup in rows:
+        assert int(us) >= 0 and int(calls) > 0 and re.fullmatch(r"\d+\.\d\dx", speedup), (us, calls, speedup)
+    floors = table_rows(text, r"(sac|td3|ppo_continuous|dqn) \| cpu \| \d+ \| \d")
+    assert [row[0] for row in floors] == ["sac", "td3", "ppo_continuous", "dqn"]
+    assert all(float(row[3]) > 0 for row in floors), floors  # GFLOP per update, counted
+
+
+@pytest.mark.parametrize("flag", ["--repeats", "--calls"])
+def test_micro_benchmark_refuses_a_count_below_one(flag, monkeypatch, capsys):
+    """In this process (a subprocess costs seconds of imports): the tool's __main__, as its command line runs it."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / "micro_benchmark.py"), flag, "0"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(BENCHMARKS / "micro_benchmark.py"), run_name="__main__")
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"micro_benchmark.py: error: {flag} must be positive"
+
+
+def test_compile_warmup_times_a_twin_three_ways(tmp_path):
+    out = tmp_path / "warmup.md"
+    completed = run_tool("compile_warmup.py", "--scripts", "sac_continuous_action", "--out", out, env=NO_COMPILE)
+    assert completed.returncode == 0, describe(completed)
+    (row,) = table_rows(out.read_text(), "sac_")
+    assert row[0] == "sac_continuous_action_torchcompile.py"
+    eager, cold, warm, cost_cold, cost_warm = map(float, row[1:])
+    assert min(eager, cold, warm) > 0
+    assert cost_cold == pytest.approx(cold - eager, abs=0.11) and cost_warm == pytest.approx(warm - eager, abs=0.11)
+
+
+def test_vector_env_speed_times_both_kinds():
+    completed = run_tool("vector_env_speed.py", "--env-id", "Pendulum-v1", "--num-envs", "1", "2",
+                         "--iterations", "20", "--warmup", "2", "--repeats", "1")  # fmt: skip
+    assert completed.returncode == 0, describe(completed)
+    rows = table_rows(completed.stdout, "Pendulum")
+    assert [row[1] for row in rows] == ["1", "2"]
+    for _, _, sync, async_, ratio in rows:
+        assert float(sync.split()[0]) > 0 and float(async_.split()[0]) > 0 and ratio.endswith("x"), rows
+
+
+# --- gpu_check.sh: its stages are CUDA's, but its arguments and refusals run anywhere -------------------------------
+
+
+def test_gpu_check_without_arguments_prints_its_usage():
+    completed = run_tool("gpu_check.sh")
+    assert completed.returncode == 2 and completed.stderr.startswith("usage: benchmarks/gpu_check.sh OUT_DIR"), (
+        describe(completed)
+    )
+
+
+def test_gpu_check_refuses_an_unknown_stage_before_doing_anything(tmp_path):
+    for stage in ("smok", "speedup", "speedup:x", "learning:", "tests:all"):
+        completed = run_tool("gpu_check.sh", tmp_path / "out", "table", stage)
+        assert completed.returncode == 2, describe(completed)
+        assert completed.stderr == f"gpu_check: unknown stage '{stage}'\n", describe(completed)
+        assert not (tmp_path / "out").exists(), "a refused command made its OUT_DIR"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the case of a machine without a GPU")
+def test_gpu_check_without_a_gpu_stops_in_one_line(tmp_path):
+    completed = run_tool("gpu_check.sh", tmp_path / "out", "smoke:dqn", "speedup:1:dqn", "learning:1000", "micro")
+    assert completed.returncode == 2, describe(completed)
+    assert completed.stderr.endswith("gpu_check: no CUDA device seen by python3's torch\n"), describe(completed)
+
+
+def test_gpu_check_table_stage_makes_the_speedup_table(tmp_path):
+    """The table stage on a machine where torch is told to see a GPU (a python that answers the CUDA check yes, and
+    runs everything else as this python): it joins the speedup:S stages' results into one table."""
+    fake_python = tmp_path / "python"
+    fake_python.write_text(
+        "#!/usr/bin/env bash\n"
+        '[[ $1 == -c && $2 == *cuda.is_available* ]] && exit 0\n'
+        f'exec {sys.executable} "$@"\n'
+    )  # fmt: skip
+    fake_python.chmod(0o755)
+    out = tmp_path / "out"
+    for seed in (1, 2):
+        (out / f"speedup-seed{seed}").mkdir(parents=True)
+        write_results(out / f"speedup-seed{seed}" / "results.jsonl", [r for r in HAND_MADE if r["seed"] == seed])
+        machine = {"cpu": "Test CPU", "cores": 2, "gpu": None, "torch": "2.13.0", "torch_threads": 1}
+        (out / f"speedup-seed{seed}" / "machine.json").write_text(json.dumps(machine))
+    completed = run_tool("gpu_check.sh", out, "table", env={"PYTHON": str(fake_python), "PATH": os.environ["PATH"]})
+    assert completed.returncode == 0, describe(completed)
+    assert "=== table" in completed.stdout and completed.stdout.rstrip().endswith("status 0"), describe(completed)
+    joined = (out / "speedup" / "results.jsonl").read_text().splitlines()
+    assert sorted(map(json.loads, joined), key=json.dumps) == sorted(
+        (r for r in HAND_MADE if r["seed"] in (1, 2)), key=json.dumps
+    )
+    assert "| sac | HalfCheetah-v5 |" in (out / "speedup" / "speedup.md").read_text()
