@@ -61,7 +61,7 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 # What makes the agent: a checkpoint made with other values of these is refused by --resume.
 HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma", "num_minibatches", "update_epochs",
                    "max_grad_norm", "start_e", "end_e", "exploration_fraction", "q_lambda")  # fmt: skip
-EVAL_EPSILON = 0.05  # the evaluation's exploration rate, as CleanRL evaluates its Q-learning agents
+EVAL_EPSILON = 0.05  # the evaluation's exploration rate, as in CleanRL's DQN evaluation (it has none for PQN)
 
 
 def check_args(args):
@@ -235,7 +235,7 @@ def build_pqn(num_actions, args, device):
 def evaluation_policy(checkpoint, env, device):
     """The saved agent's epsilon-greedy policy (epsilon 0.05), for the evaluation: a fresh Q network. Not greedy: a
     greedy agent can repeat one move forever (in Breakout, never serve the ball) until the game's time limit, and
-    CleanRL evaluates its Q-learning agents with this epsilon. The draws come from torch's generator, which the
+    CleanRL's DQN evaluation uses this epsilon. The draws come from torch's generator, which the
     evaluation seeds with its own seed."""
     qnet = QNetwork(env.envs.action_space.n).to(device)
     qnet.load_state_dict(checkpoint["agent"]["qnet"])
