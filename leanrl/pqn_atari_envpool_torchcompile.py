@@ -357,8 +357,8 @@ if __name__ == "__main__":
     epsilon_tensor = torch.zeros((), device=device)
     game_returns = np.zeros(args.num_envs)  # each env's unclipped score since its game started, over all lives
     global_step = start_step
-    # value and q_lambda_returns run once an iteration: with --cudagraphs they are recorded in iteration
-    # CUDAGRAPH_WARMUP (policy and update, called more often, before), and the sps clock starts after it.
+    # Each captured function runs at least once an iteration (value and q_lambda_returns exactly once): with
+    # --cudagraphs all are recorded by iteration CUDAGRAPH_WARMUP, and the sps clock starts after it.
     burnin = max(args.measure_burnin, CUDAGRAPH_WARMUP) if args.cudagraphs else args.measure_burnin
     run.progress(start_step, num_iterations * batch_size)
     for iteration in range(start_iteration + 1, num_iterations + 1):
