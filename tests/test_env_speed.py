@@ -65,11 +65,20 @@ def test_frames_without_a_gpu_are_refused_in_one_line():
 
 @requires_cuda
 def test_frames_table_times_each_copy_against_the_envs_alone():
-    rows = run_tool("--scripts", "ppo_atari_envpool", "--frames", rows=r"\| (envs|\+ frames)")
+    """Each copy's cost is its steps' time less the envs' own, per step of every env: read back from the rates of the
+    table's rows, each against the first row's (the envs alone), to the rounding of the printed rates."""
+    rows = run_tool("--scripts", "ppo_atari_envpool", "--frames", rows=r"\| (envs|\+ frames|Breakout)")
+    (header, *rows) = rows
+    num_envs = int(re.fullmatch(r"Breakout-v5, (\d+) envs", header[0].strip())[1])
     assert [row[0].strip() for row in rows] == [
         "envs alone",
         "+ frames to the GPU, pageable (torch.as_tensor)",
         "+ frames to the GPU, pinned (the twin's frames_to_device)",
     ]
-    assert all(float(row[1].split()[0]) > 0 for row in rows)
-    assert rows[0][2].strip() == "0"  # the envs alone cost nothing over themselves
+    rates = [float(row[1].split()[0]) for row in rows]
+    assert all(rate > 0 for rate in rates), rates
+    alone = rates[0]
+    for row, rate in zip(rows, rates, strict=True):
+        cost = float(row[2])
+        rounding = num_envs * 1e6 * 0.5 * (1 / rate**2 + 1 / alone**2) + 0.5  # rates printed to 1, costs to 1 us
+        assert abs(cost - (1 / rate - 1 / alone) * num_envs * 1e6) <= rounding, (row, alone)

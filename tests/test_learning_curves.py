@@ -1,7 +1,7 @@
 """benchmarks/learning_curves.py: tiny runs are recorded episode by episode as the scripts report them, stamped with
 the env steps, in a world of one process or of two (torchrun), beside a random policy's Atari games; a rerun skips
-the recorded seeds; the plot draws the published figures the issue gives and the table sets ours beside them; bad
-input gets one line and exit status 2.
+the recorded seeds; the plot draws the tool's published figures (those the README cites) and the table sets ours
+beside them; bad input gets one line and exit status 2.
 """
 
 import json
@@ -306,21 +306,8 @@ def test_no_record_when_the_episodes_are_not_the_scripts_or_the_run_stopped(fake
 
 # --- Plot and table -----------------------------------------------------------------------------------------------
 
-# The published figures of the issue, per panel: (step, mean, std, marker: o for training episodes, D for evaluation).
-ISSUE_FIGURES = {
-    "sac on HalfCheetah-v5": [
-        (100_000, 6515, 514, "D"), (200_000, 8208, 928, "D"), (300_000, 9059, 1051, "D"),  # Tianshou
-        (1_000_000, 9634.89, 1423.73, "o"),  # CleanRL
-    ],
-    "td3 on HalfCheetah-v5": [
-        (100_000, 5513, 554, "D"), (200_000, 6833, 683, "D"), (300_000, 7697, 727, "D"),  # TD3 paper
-        (1_000_000, 9567, 833, "D"), (1_000_000, 9583.22, 126.09, "o"),  # TD3 paper, CleanRL
-    ],
-    "ppo_continuous on HalfCheetah-v5": [(1_000_000, 1442.64, 46.03, "o")],
-    "dqn on CartPole-v1": [(500_000, 488.69, 16.11, "o")],
-    "ppo_atari on Breakout-v5": [(10_000_000, 211.24, 151.84, "o"), (10_000_000, 420.92, 16.75, "o")],
-}  # fmt: skip
-# (script, algo, env, budget) of a hand-made folder of records: one panel per entry of ISSUE_FIGURES, and one without.
+# (script, algo, env, budget) of a hand-made folder of records: a panel per algorithm with published figures, and one
+# without.
 PANELS = [
     ("sac_continuous_action_torchcompile", "sac", "HalfCheetah-v5", 300_000),
     ("td3_continuous_action_torchcompile", "td3", "HalfCheetah-v5", 300_000),
@@ -370,16 +357,27 @@ def drawn_figures(ax):
     return points
 
 
-def test_plot_draws_the_issues_published_figures(made_records):
+def test_plot_draws_each_published_figure_on_its_panel(made_records, monkeypatch):
+    """Every figure of the tool's table of published returns is drawn on the panel of its algorithm and env family, at
+    its step, its mean with one std as error bar, a circle for training episodes and a diamond for an evaluation; none
+    on a panel with no figure (SAC on Pendulum). A figure added to the table (here one more for DQN on CartPole) is
+    drawn too: the plot draws what the table holds."""
+    added = learning_curves.Reference(250_000, 300.0, 25.0, 4, learning_curves.EVALUATION, "CartPole-v0", "test", "")
+    dqn = ("dqn", "CartPole")
+    monkeypatch.setitem(learning_curves.REFERENCES, dqn, [*learning_curves.REFERENCES[dqn], added])
     panels = learning_curves.read_folders([made_records / "twins", made_records / "plain"])
     fig = learning_curves.figure(panels, window=20)
     axes = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
     plt.close(fig)
-    titles = [*ISSUE_FIGURES, "sac on Pendulum-v1"]
+    titles = [f"{algo} on {env_id}" for _, algo, env_id, _ in PANELS]
     assert set(axes) == {*titles, *(f"{title}, against wall-clock time" for title in titles)}
-    for title, expected in ISSUE_FIGURES.items():
-        assert sorted(drawn_figures(axes[title])) == sorted(expected), title
-    assert drawn_figures(axes["sac on Pendulum-v1"]) == []
+    marker = {learning_curves.TRAINING: "o", learning_curves.EVALUATION: "D"}
+    for _, algo, env_id, _ in PANELS:
+        published = learning_curves.references(algo, env_id)
+        expected = [(ref.step, ref.value, ref.spread, marker[ref.kind]) for ref in published]
+        assert sorted(drawn_figures(axes[f"{algo} on {env_id}"])) == sorted(expected), algo
+    assert (250_000, 300.0, 25.0, "D") in drawn_figures(axes["dqn on CartPole-v1"])
+    assert drawn_figures(axes["sac on Pendulum-v1"]) == [] and not learning_curves.references("sac", "Pendulum-v1")
     assert not any(drawn_figures(axes[f"{title}, against wall-clock time"]) for title in titles), "steps on a time axis"
     # Twin (2 seeds) and plain script (1 seed) on the same axes: the mean of seed 1 and 2's curves, and seed 1's.
     curves = {
@@ -402,6 +400,33 @@ def window_means(record, count):
         for index in range(len(episodes))
     ]
     return [ended for *_, ended in episodes], means
+
+
+def test_published_figures_are_those_the_readme_cites():
+    """The README's learning table cites a published figure per algorithm (source, mean ± std, at the budget or at the
+    step it names): each is in the tool's table for that algorithm and env, so the plots and tables the tool makes
+    show the figures the README quotes."""
+    lines = (REPO_ROOT / "README.md").read_text().split("\n## Learning\n", 1)[1].split("\n## ", 1)[0].splitlines()
+    header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines if line.startswith("|")]
+    column = next(index for index, name in enumerate(header) if name.startswith("published"))
+    scale = {"k": 1_000, "M": 1_000_000}
+    cited = 0
+    for row in rows:
+        algo = re.search(r"docs/curves/(\w+)\.md", row[-1])[1]
+        env_id, count, unit = re.fullmatch(r"(\S+), (\d+)([kM])", row[1]).groups()
+        for source, value, spread, at, at_unit in re.findall(
+            r"(\w[\w ]*?) (\d+(?:\.\d+)?) ± (\d+(?:\.\d+)?)(?: at (\d+)([kM]))?", row[column]
+        ):
+            step = int(at) * scale[at_unit] if at else int(count) * scale[unit]
+            matches = [
+                ref
+                for ref in learning_curves.references(algo, env_id)
+                if (ref.step, ref.value, ref.spread) == (step, float(value), float(spread))
+                and ref.source.startswith(source)
+            ]
+            assert matches, f"README cites {source} {value} ± {spread} at {step} for {algo}: not in the tool's table"
+            cited += 1
+    assert cited >= 5, f"{cited} published figures found in the README's learning table"
 
 
 def test_plot_draws_each_seed_against_wall_clock_time(made_records):

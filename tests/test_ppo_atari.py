@@ -387,18 +387,36 @@ def test_twin_eager_update_matches_plain(device):
 @pytest.mark.parametrize("twin", [TWIN, "ppo_atari_envpool_distributed_torchcompile"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_twin_frames_reach_the_device_unchanged(twin, device):
-    """frames_to_device gives the env's uint8 frames on the device: on the CPU the env's own array (no copy), on a GPU
-    a copy (through pinned memory) that a later write to the env's array does not reach."""
-    frames = np.random.default_rng(0).integers(0, 256, (8, 4, 84, 84), dtype=np.uint8)
-    expected = torch.from_numpy(frames.copy())
-    on_device = load_script(twin).frames_to_device(frames, torch.device(device))
-    assert on_device.dtype == torch.uint8 and on_device.device.type == device
+    """frames_to_device gives the env's uint8 frames on the device. On the CPU: the env's own array (no copy). On a
+    GPU: a copy through pinned memory that returns before it is done (non_blocking), which two writes could reach
+    while it is in flight: the next calls' staging of the next frames (were a pinned buffer reused while a copy still
+    reads it) and the env's next steps, which write the array the frames came in. Here the device's stream is held
+    up by a spin kernel, so that every copy is still queued while the later calls and writes are made."""
+    frames_to_device = load_script(twin).frames_to_device
+    batches = [np.random.default_rng(seed).integers(0, 256, (8, 4, 84, 84), dtype=np.uint8) for seed in range(4)]
     if device == "cpu":
-        assert on_device.data_ptr() == frames.ctypes.data
-    else:
-        frames[:] = 0  # the env's next step may write here while the copy runs
+        on_device = frames_to_device(batches[0], torch.device("cpu"))
+        assert on_device.dtype == torch.uint8 and on_device.device.type == "cpu"
+        assert on_device.data_ptr() == batches[0].ctypes.data
+        return
+    cuda = torch.device("cuda")
+    env_frames = np.empty_like(batches[0])  # the env's array: each step writes its frames there
+    for _ in range(2):  # the first round fills the pinned-memory cache, so that the second allocates nothing new
+        stream = torch.cuda.current_stream()
+        torch.cuda._sleep(10**9)  # about half a second of spinning: the copies below wait behind it
+        on_device = []
+        for frames in batches:
+            env_frames[:] = frames
+            on_device.append(frames_to_device(env_frames, cuda))
+        env_frames[:] = 0
+        in_flight = not stream.query()
         torch.cuda.synchronize()
-    assert torch.equal(on_device.cpu(), expected)
+    assert in_flight, (
+        "frames_to_device waited for the device: its copy is not asynchronous, and the test proves nothing"
+    )
+    for copied, frames in zip(on_device, batches, strict=True):
+        assert copied.dtype == torch.uint8 and copied.device.type == "cuda"
+        assert torch.equal(copied.cpu(), torch.from_numpy(frames))
 
 
 # --- 4. Flags -------------------------------------------------------------------------------------------------------
