@@ -462,6 +462,7 @@ def test_resume_with_another_budget_is_refused(anneal, tmp_path, capsys):
     flags = (*TINY_FLAGS, *(() if anneal else ("--no-anneal-lr",)))
     run_in_process(PLAIN, *flags, "--total-timesteps", 64, "--save-model", "--model-path", tmp_path / "agent.pt",
                    "--eval-episodes", 0)  # fmt: skip
+    capsys.readouterr()  # what the run that saved the checkpoint printed
     schedule = "learning-rate anneal and the epsilon decay" if anneal else "from which the epsilon decay"
     check_bad_input_in_process(PLAIN, (*flags, "--total-timesteps", 128, "--resume", tmp_path / "agent.pt"),
                                ["--total-timesteps 64", schedule], tmp_path, capsys)  # fmt: skip
