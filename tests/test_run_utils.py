@@ -24,6 +24,7 @@ TINY = {
     "dqn": (),
     "ppo_continuous": ("--env-id", "InvertedPendulum-v5"),
     "ppo_atari": (),
+    "pqn": (),  # pqn (CartPole-v1) and pqn_atari_envpool (Breakout-v5) at their defaults
 }
 
 
@@ -32,7 +33,7 @@ def tiny_flags(name):
 
 
 def test_every_script_is_covered():
-    assert len(SCRIPTS) == 12 and all(any(name.startswith(prefix) for prefix in TINY) for name in SCRIPTS)
+    assert len(SCRIPTS) == 16 and all(any(name.startswith(prefix) for prefix in TINY) for name in SCRIPTS)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
