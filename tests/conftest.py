@@ -785,7 +785,9 @@ def check_resume_continues_the_run(name, flags, tmp_path, saved_checkpoints, ste
     assert (mid["global_step"], full["global_step"]) == (steps, 2 * steps)
     if same_as_shorter_run:
         run_in_process(name, *common, "--total-timesteps", steps, "--model-path", tmp_path / "short.pt")
-        assert_same_state(saved_checkpoints[2], mid)
+        short = saved_checkpoints[2]
+        assert (short["total_timesteps"], mid["total_timesteps"]) == (steps, 2 * steps)  # each run's own budget
+        assert_same_state({**short, "total_timesteps": 2 * steps}, mid)
     torch.save(mid, tmp_path / "mid.pt")
     run_in_process(name, *common, "--total-timesteps", 2 * steps, "--resume", tmp_path / "mid.pt",
                    "--model-path", tmp_path / "resumed.pt")  # fmt: skip
