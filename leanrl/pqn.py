@@ -129,7 +129,8 @@ def q_lambda_returns(rewards, values, dones, last_value, gamma, q_lambda):
     """The Q(lambda) targets of a rollout, all tensors [num_steps, num_envs] but last_value: [num_envs].
 
     values[t] is max_a Q(obs t, a) and last_value that of the observation after the rollout; dones[t] says the
-    episode ended at step t: nothing after it is bootstrapped (a truncation's bootstrap is in rewards[t] already).
+    episode ended at step t (terminated or truncated: PQN ends its returns at both, as CleanRL and the paper do):
+    nothing after it is bootstrapped or summed.
     Each target mixes the one-step bootstrap and the next step's target:
     returns[t] = rewards[t] + gamma * (1 - dones[t]) * ((1 - q_lambda) * values[t + 1] + q_lambda * returns[t + 1]).
     """
@@ -140,19 +141,6 @@ def q_lambda_returns(rewards, values, dones, last_value, gamma, q_lambda):
         returns[t] = next_return = rewards[t] + gamma * (1 - dones[t]) * mixed
         next_value = values[t]
     return returns
-
-
-def bootstrap_truncated(rewards, terminations, truncations, final_obs, value, gamma):
-    """This step's rewards plus gamma * value(last observation) for the envs whose episode hit its time limit.
-
-    A time limit is not a failure: the return goes on past it. A termination gets no bootstrap.
-    """
-    truncated = truncations & ~terminations
-    if truncated.any():
-        last_obs = torch.tensor(np.stack(final_obs[truncated]), dtype=torch.float32, device=rewards.device)
-        rewards = rewards.clone()
-        rewards[torch.as_tensor(truncated, device=rewards.device)] += gamma * value(last_obs)
-    return rewards
 
 
 def build_pqn(obs_dim, n_actions, args, device):
@@ -232,8 +220,8 @@ if __name__ == "__main__":
         (run.checkpoint["global_step"], run.checkpoint["iteration"]) if run.checkpoint else (0, 0)
     )
 
-    # SAME_STEP: an env that ends an episode is reset within that step (its last observation is in
-    # infos["final_obs"]), so every stored step is a real transition: none spans a reset.
+    # SAME_STEP: an env that ends an episode is reset within that step, so every stored step is a real transition:
+    # none spans a reset. A truncation (time limit) ends the return like a termination, as in CleanRL and the paper.
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id) for _ in range(args.num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )
@@ -273,14 +261,10 @@ if __name__ == "__main__":
 
             next_obs, reward, terminations, truncations, infos = envs.step(actions[step].cpu().numpy())
             global_step += args.num_envs
-            reward = torch.tensor(reward, dtype=torch.float32, device=device)
-            if "final_obs" in infos:
-                reward = bootstrap_truncated(
-                    reward, terminations, truncations, infos["final_obs"], pqn.value, args.gamma
-                )
+            rewards[step] = torch.tensor(reward, dtype=torch.float32, device=device)
+            if "final_info" in infos:
                 for index in np.flatnonzero(infos["final_info"].get("_episode", [])):
                     run.episode(float(infos["final_info"]["episode"]["r"][index]), global_step, epsilon=epsilon)
-            rewards[step] = reward
             dones[step] = torch.tensor(terminations | truncations, dtype=torch.float32, device=device)
             next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
 

@@ -280,7 +280,6 @@ if __name__ == "__main__":
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
     rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
     dones = torch.zeros((args.num_steps, args.num_envs), device=device)
-    time_limits = torch.zeros((args.num_steps, args.num_envs), device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
 
     next_obs, _ = envs.reset()
@@ -315,23 +314,12 @@ if __name__ == "__main__":
                 run.episode(float(game_returns[index]), global_step, epsilon=epsilon)
                 game_returns[index] = 0.0
             rewards[step] = torch.tensor(reward, device=device)
-            time_limits[step] = torch.tensor(truncations & ~terminations, dtype=torch.float32, device=device)
             next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
             next_done = torch.tensor(terminations | truncations, dtype=torch.float32, device=device)
 
-        # A time limit is not a failure: a truncated episode bootstraps from the best Q value of its last frame,
-        # the observation that follows it. A termination (a lost life) gets no bootstrap.
+        # A truncation (the time limit) ends the return like a termination (a lost life), as in CleanRL and the paper.
         next_value = pqn.value(next_obs)
-        next_values = torch.cat([values[1:], next_value[None]])
-        returns = compute_q_lambda_returns(
-            rewards + args.gamma * next_values * time_limits,
-            values,
-            dones,
-            next_value,
-            next_done,
-            args.gamma,
-            args.q_lambda,
-        )
+        returns = compute_q_lambda_returns(rewards, values, dones, next_value, next_done, args.gamma, args.q_lambda)
 
         # Flatten the batch.
         b_obs = obs.reshape((-1,) + obs_shape)

@@ -389,7 +389,7 @@ if __name__ == "__main__":
             for index in np.flatnonzero(infos["terminated"].astype(bool) | truncations):
                 run.episode(float(game_returns[index]), global_step, epsilon=epsilon)
                 game_returns[index] = 0.0
-            env_steps[-1].update(rewards=reward, time_limits=(truncations & ~terminations).astype(np.float32))
+            env_steps[-1].update(rewards=reward)
             next_obs = frames_to_device(next_obs, device)
             next_done = (terminations | truncations).astype(np.float32)
 
@@ -401,12 +401,10 @@ if __name__ == "__main__":
             [args.num_steps, args.num_envs],
         )
 
-        # A time limit is not a failure: a truncated episode bootstraps from the best Q value of its last frame,
-        # the observation that follows it. A termination (a lost life) gets no bootstrap.
+        # A truncation (the time limit) ends the return like a termination (a lost life), as in CleanRL and the paper.
         next_value = pqn.value(next_obs)
-        next_values = torch.cat([rollout["values"][1:], next_value[None]])
         rollout["returns"] = pqn.q_lambda_returns(
-            rollout["rewards"] + args.gamma * next_values * rollout["time_limits"],
+            rollout["rewards"],
             rollout["values"],
             rollout["dones"],
             next_value,

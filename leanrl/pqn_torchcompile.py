@@ -134,7 +134,8 @@ def q_lambda_returns(rewards, values, dones, last_value, gamma, q_lambda):
     """The Q(lambda) targets of a rollout, all tensors [num_steps, num_envs] but last_value: [num_envs].
 
     values[t] is max_a Q(obs t, a) and last_value that of the observation after the rollout; dones[t] says the
-    episode ended at step t: nothing after it is bootstrapped (a truncation's bootstrap is in rewards[t] already).
+    episode ended at step t (terminated or truncated: PQN ends its returns at both, as CleanRL and the paper do):
+    nothing after it is bootstrapped or summed.
     Each target mixes the one-step bootstrap and the next step's target:
     returns[t] = rewards[t] + gamma * (1 - dones[t]) * ((1 - q_lambda) * values[t + 1] + q_lambda * returns[t + 1]).
     """
@@ -150,22 +151,6 @@ def q_lambda_returns(rewards, values, dones, last_value, gamma, q_lambda):
         coefs = coefs * F.pad(coefs[shift:], (0, 0, 0, shift))
         shift *= 2
     return values + excess
-
-
-def bootstrap_truncated(rewards, terminations, truncations, final_obs, next_obs, value, gamma, device):
-    """This step's rewards plus gamma * value(last observation) for the envs whose episode hit its time limit.
-
-    A time limit is not a failure: the return goes on past it. A termination gets no bootstrap.
-    """
-    truncated = truncations & ~terminations
-    if truncated.any():
-        # A row per env, the truncated ones' last observations in place of their next ones: value() always sees the
-        # shape the policy's batch has, so it compiles once and its CUDA graph replays.
-        last_obs = np.array(next_obs, dtype=np.float32)
-        last_obs[truncated] = np.stack(final_obs[truncated])
-        last_values = value(torch.as_tensor(last_obs, device=device)).cpu().numpy()
-        rewards = np.where(truncated, rewards + gamma * last_values, rewards)
-    return rewards
 
 
 def build_pqn(obs_dim, n_actions, args, device):
@@ -297,8 +282,8 @@ if __name__ == "__main__":
         (run.checkpoint["global_step"], run.checkpoint["iteration"]) if run.checkpoint else (0, 0)
     )
 
-    # SAME_STEP: an env that ends an episode is reset within that step (its last observation is in
-    # infos["final_obs"]), so every stored step is a real transition: none spans a reset.
+    # SAME_STEP: an env that ends an episode is reset within that step, so every stored step is a real transition:
+    # none spans a reset. A truncation (time limit) ends the return like a termination, as in CleanRL and the paper.
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id) for _ in range(args.num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )
@@ -314,8 +299,8 @@ if __name__ == "__main__":
         run.save_checkpoint(global_step=global_step, iteration=iterations_done, agent=pqn.state_dict())
 
     # A resumed run starts new episodes, on envs seeded by the step it resumes at.
-    next_obs_array, _ = envs.reset(seed=args.seed + start_step)
-    next_obs = torch.tensor(next_obs_array, dtype=torch.float32, device=device)
+    next_obs, _ = envs.reset(seed=args.seed + start_step)
+    next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
     epsilon_tensor = torch.zeros((), device=device)
     global_step, iterations_done = start_step, start_iteration  # as the loop goes
     run.progress(start_step, num_iterations * batch_size)
@@ -335,16 +320,14 @@ if __name__ == "__main__":
             action, value = pqn.policy(next_obs, epsilon_tensor)
             steps.append(dict(obs=next_obs, actions=action, values=value))
 
-            next_obs_array, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
             global_step += args.num_envs
             reward = reward.astype(np.float32)
-            if "final_obs" in infos:
-                reward = bootstrap_truncated(reward, terminations, truncations, infos["final_obs"], next_obs_array,
-                                             pqn.value, args.gamma, device)  # fmt: skip
+            if "final_info" in infos:
                 for index in np.flatnonzero(infos["final_info"].get("_episode", [])):
                     run.episode(float(infos["final_info"]["episode"]["r"][index]), global_step, epsilon=epsilon)
             env_steps.append(dict(rewards=reward, dones=(terminations | truncations).astype(np.float32)))
-            next_obs = torch.tensor(next_obs_array, dtype=torch.float32, device=device)
+            next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
 
         rollout = TensorDict(
             {

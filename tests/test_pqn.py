@@ -277,7 +277,7 @@ def test_twin_captured_update_policy_and_returns_match_uncaptured(inductor_fallb
     assert captured.captured(), "not every function was captured"
 
 
-# --- 4. Episode ends: a truncation bootstraps, a termination does not, no transition spans a reset -------------
+# --- 4. Episode ends: a truncation ends the return like a termination, no transition spans a reset ---------
 
 
 class CountingEnv(gym.Env):
@@ -326,26 +326,35 @@ def test_envs():
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_rollout_bootstraps_truncations_not_terminations_and_spans_no_reset(name, test_envs):
+def test_rollout_ends_returns_at_truncations_like_terminations_and_spans_no_reset(name, test_envs):
     """One rollout of 40 steps of one env, learning rate 0 (the Q network the rollout acted with is the one left):
-    rewards 1, plus gamma * max-Q(last observation) where the time limit cut the episode; dones where an episode
-    ended; each next observation in the same episode but after an end."""
+    rewards 1 and nothing added where the time limit cut an episode; dones where an episode ended, by its time limit
+    or by termination; each next observation in the same episode but after an end; and the Q(lambda) targets those of
+    their definition with every episode end cutting the return: at a truncation, as at a termination, the target is the
+    reward alone (no bootstrap from the episode's last observation)."""
     flags = ("--env-id", "PqnTestCounting-v0", "--total-timesteps", 40, "--num-envs", 1, "--num-steps", 40,
              "--num-minibatches", 1, "--learning-rate", 0)  # fmt: skip
     run = run_in_process(name, *flags)
     assert run["episode_returns"] == [5.0, 3.0] * 5
-    rollout = run["rollout"] if name == TWIN else {key: run[key] for key in ("obs", "rewards", "dones")}
-    obs, rewards, dones = (rollout[key][:, 0] for key in ("obs", "rewards", "dones"))
+    keys = ("obs", "rewards", "dones", "values", "returns")
+    rollout = run["rollout"] if name == TWIN else {key: run[key] for key in keys}
+    obs, rewards, dones, values, returns = (rollout[key][:, 0] for key in keys)
     episode, t = obs[:, 0], obs[:, 1]
     truncated = (episode % 2 == 0) & (t == 4)
     terminated = (episode % 2 == 1) & (t == 2)
+    assert truncated.any() and terminated.any()
     assert torch.equal(dones.bool(), truncated | terminated)
     assert torch.equal(episode[1:] == episode[:-1], ~dones[:-1].bool()), "a step spans a reset"
-    final_obs = torch.stack([episode, t + 1], dim=1)[truncated]
-    expected = torch.ones(40)
-    expected[truncated] += 0.99 * run["pqn"].value(final_obs)
-    assert truncated.any() and terminated.any()
-    torch.testing.assert_close(rewards, expected)
+    torch.testing.assert_close(rewards, torch.ones(40))
+    with torch.no_grad():
+        last_value = run["pqn"].value(run["next_obs"])[0]
+        last_obs_values = run["pqn"].value(torch.stack([episode, t + 1], dim=1)[truncated])
+    assert (last_obs_values.abs() > 1e-3).all(), "a bootstrap of about 0 would go unseen"
+    torch.testing.assert_close(returns[truncated | terminated], torch.ones(int((truncated | terminated).sum())))
+    q_lambda = load_script(name).Args.q_lambda
+    expected = reference_q_lambda_returns(rewards[:, None], values[:, None], dones[:, None], last_value[None], 0.99,
+                                          q_lambda)[:, 0]  # fmt: skip
+    torch.testing.assert_close(returns.double(), expected, rtol=1e-5, atol=1e-5)
 
 
 # --- 5. Flags ---------------------------------------------------------------------------------------------------

@@ -406,23 +406,26 @@ class RecordingEnvs:
 
 @pytest.fixture(scope="module")
 def recorded_run():
-    """recorded_run(name, seed): (the globals of a run of RUN, the envpool steps it made); each run is made once."""
+    """recorded_run(name, seed, flags=RUN, max_episode_steps=None): (the globals of a run, the envpool steps it made),
+    the envs made with envpool's own time limit unless max_episode_steps is given; each run is made once."""
     cache = {}
     real_make = envpool.make
 
-    def run(name, seed):
-        if (name, seed) not in cache:
+    def run(name, seed, flags=RUN, max_episode_steps=None):
+        key = name, seed, flags, max_episode_steps
+        if key not in cache:
             made = []
+            limit = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
 
             def make(*args, **kwargs):
-                made.append(RecordingEnvs(real_make(*args, **kwargs)))
+                made.append(RecordingEnvs(real_make(*args, **kwargs, **limit)))
                 return made[-1]
 
             with pytest.MonkeyPatch.context() as patch, one_torch_thread():
                 patch.setattr(envpool, "make", make)
-                run_globals = run_in_process(name, *RUN, "--seed", seed)
-            cache[name, seed] = run_globals, made[0].steps
-        return cache[name, seed]
+                run_globals = run_in_process(name, *flags, "--seed", seed)
+            cache[key] = run_globals, made[0].steps
+        return cache[key]
 
     return run
 
@@ -457,6 +460,47 @@ def test_reported_returns_are_the_games_real_returns_and_reset_steps_are_masked(
     mask = run_globals["b_mask"].reshape(num_steps, -1) if name == PLAIN else run_globals["rollout"]["mask"]
     assert (expected_mask == 0).sum() >= 1, "no episode ended in the last rollout: the test proves nothing"
     np.testing.assert_array_equal(mask.numpy(), expected_mask)
+
+
+# Asterix games cut by a time limit of 100 steps, in the second of two rollouts of 4 envs x 64 steps; under a
+# near-random policy the first life is lost after about 65-95 steps: lives lost in that rollout too.
+TIME_LIMIT_RUN = (
+    *RUN[: RUN.index("--total-timesteps")],
+    "--total-timesteps",
+    "512",
+    *RUN[RUN.index("--num-minibatches") :],
+)
+TIME_LIMIT = 100
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_rollout_ends_returns_at_truncations_like_terminations_and_spans_no_reset(name, recorded_run):
+    """A truncation (the time limit) ends the return as a termination (a lost life) does, as in CleanRL and the PQN
+    paper: the last rollout's Q(lambda) targets are those of their definition, computed from what the envs returned
+    (clipped rewards; an episode ends where a life is lost or the time limit cuts the game) and the script's max-Q
+    values, every episode end cutting the return; at a truncated step the target is the reward alone, with nothing
+    bootstrapped from the episode's last frame. The step after each end, envpool's reset step, is masked out."""
+    run_globals, steps = recorded_run(name, 1, flags=TIME_LIMIT_RUN, max_episode_steps=TIME_LIMIT)
+    num_steps = int(TIME_LIMIT_RUN[TIME_LIMIT_RUN.index("--num-steps") + 1])
+    assert len(steps) == 2 * num_steps
+    ended = np.stack([step["life_lost"] | step["truncated"] for step in steps])
+    truncated = np.stack([step["truncated"] & ~step["life_lost"] for step in steps])[-num_steps:]
+    life_lost = np.stack([step["life_lost"] for step in steps])[-num_steps:]
+    assert truncated.any() and life_lost.any(), "the test needs both ends in the last rollout"
+    rewards = np.stack([step["clipped_reward"] for step in steps])[-num_steps:]
+    dones = ended[-num_steps - 1 : -1].astype(np.float32)  # dones[t]: observation t is an episode's last frame
+    if name == PLAIN:
+        values, returns, mask = run_globals["values"], run_globals["returns"], run_globals["b_mask"].view(num_steps, -1)
+    else:
+        values, returns, mask = (run_globals["rollout"][key] for key in ("values", "returns", "mask"))
+    next_value, next_values = run_globals["next_value"], torch.cat([values[1:], run_globals["next_value"][None]])
+    assert (next_values.numpy()[truncated] != 0).all(), "a bootstrap of 0 would go unseen"
+    args = run_globals["args"]
+    expected = reference_q_lambda_returns(rewards, values, dones, next_value, ended[-1], args.gamma, args.q_lambda)
+    torch.testing.assert_close(returns, expected, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(returns[torch.as_tensor(truncated)], torch.as_tensor(rewards[truncated]), rtol=RTOL,
+                               atol=ATOL)  # fmt: skip
+    np.testing.assert_array_equal(mask.numpy(), 1.0 - dones)
 
 
 def test_twin_run_matches_plain_run(recorded_run):
