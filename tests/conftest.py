@@ -15,6 +15,7 @@ import contextlib
 import copy
 import dataclasses
 import importlib.util
+import io
 import itertools
 import json
 import math
@@ -171,9 +172,11 @@ def one_torch_thread():
 # The workers share the tests as pytest-xdist's `worksteal` mode does (pyproject.toml sets it): each worker starts
 # with an equal contiguous share of the collected order, and a worker that runs out takes half of the tests another
 # has not started. A test already started cannot move, so the longest ones (learning runs, run.sh, every flag
-# combination; matched by these name prefixes, longest first) are dealt out to the workers in turn, at the front of
-# their shares: no worker starts with most of them, and none is left with one at the end.
-LONGEST_FIRST = ("test_learns", "test_tiny_run_of_every_pair", "test_twin_runs_with_every_flag_combination")
+# combination; matched by these name prefixes) are dealt out to the workers in turn, at the front of their shares: no
+# worker starts with most of them, and none is left with one at the end. run.sh's tiny run comes after the twins'
+# flag combinations, which compile the twins with the same tiny budgets: its compilations then find their kernels in
+# inductor's cache (a twin's first compilation costs about 4 times a cached one on this CPU, 60 s against 15).
+LONGEST_FIRST = ("test_learns", "test_twin_runs_with_every_flag_combination", "test_tiny_run_of_every_pair")
 
 
 def pytest_configure(config):
@@ -556,12 +559,28 @@ def check_every_flag_has_a_docstring_shown_by_help(name):
     missing = [field for field, doc in docs.items() if not doc]
     assert not missing, f"fields without a docstring: {missing}"
 
-    completed = run_script(name, "--help", env={"COLUMNS": "200"}, timeout=300)
-    assert completed.returncode == 0, describe(completed)
-    help_text = squash(completed.stdout)
+    help_text = squash(help_output(name))
     for field, doc in docs.items():
         assert f"--{field.replace('_', '-')}" in help_text, f"--help does not list {field}"
         assert squash(doc) in help_text, f"--help does not show the docstring of {field}: {doc!r}"
+
+
+def help_output(name):
+    """What `python leanrl/<name>.py --help` prints, 200 columns wide: the script's __main__ run in this process (a
+    subprocess costs seconds of imports), which must exit with status 0."""
+    out, columns = io.StringIO(), os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "200"
+    try:
+        with _command_line([str(script_path(name)), "--help"]), contextlib.redirect_stdout(out):
+            with pytest.raises(SystemExit) as exit_:
+                runpy.run_path(str(script_path(name)), run_name="__main__")
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
+    assert exit_.value.code in (0, None), f"--help exited with {exit_.value.code!r}: {out.getvalue()[-2000:]}"
+    return out.getvalue()
 
 
 def check_bad_input(name, flags, expected_words, tmp_path):
@@ -599,10 +618,11 @@ def check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys):
 
 
 def check_same_seed_same_returns(name):
-    """The same seed twice gives the same episodic returns on Pendulum-v1; another seed gives others."""
+    """The same seed twice gives the same episodic returns on Pendulum-v1 (4 episodes, 3 of them learning); another
+    seed gives others."""
     flags = ("--env-id", "Pendulum-v1", "--learning-starts", "200", "--batch-size", "64")
-    first = run_in_process(name, *flags, "--seed", "1", "--total-timesteps", "1000")["episode_returns"]
-    second = run_in_process(name, *flags, "--seed", "1", "--total-timesteps", "1000")["episode_returns"]
+    first = run_in_process(name, *flags, "--seed", "1", "--total-timesteps", "800")["episode_returns"]
+    second = run_in_process(name, *flags, "--seed", "1", "--total-timesteps", "800")["episode_returns"]
     assert len(first) >= 4, first
     assert all(isinstance(value, float) for value in first), first
     assert second == first
@@ -762,14 +782,46 @@ def optimizer_steps(checkpoint):
     }
 
 
-def learning_run_returns(name, flags, total_timesteps, resumed, tmp_path):
+class _Reached(Exception):
+    """Raised at the end of the episode with which a run in this process reached what a test waits for."""
+
+
+def run_in_process_until(name, *flags, reached, timeout=DEFAULT_TIMEOUT_S):
+    """The training episodes' returns of run_in_process(name, *flags), stopped at the end of the first episode after
+    which reached(returns so far) holds: a test whose claim is that a run reaches something within its budget (not
+    where it ends) need not play the rest of the budget. All the run's returns if it never does."""
+    import run_utils  # the scripts' own module: leanrl/ is on the path
+
+    episode = run_utils.Run.episode
+
+    def episode_then_check(self, *args, **kwargs):
+        episode(self, *args, **kwargs)
+        if reached(self.episode_returns):
+            if self.pbar:
+                self.pbar.close()
+            raise _Reached(list(self.episode_returns))
+
+    run_utils.Run.episode = episode_then_check
+    try:
+        return run_in_process(name, *flags, timeout=timeout)["episode_returns"]
+    except _Reached as stop:
+        return stop.args[0]
+    finally:
+        run_utils.Run.episode = episode
+
+
+def learning_run_returns(name, flags, total_timesteps, resumed, tmp_path, reached=None):
     """The training episodes' returns of a run of `total_timesteps`. resumed: the run is saved at half the budget and
-    resumed in a new run, and the returns are the resumed run's (the second half's)."""
+    resumed in a new run, and the returns are the resumed run's (the second half's). reached: stop the (resumed) run
+    once reached(returns so far) holds (run_in_process_until)."""
     if resumed:
         flags = (*flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
         run_in_process(name, *flags, "--total-timesteps", total_timesteps // 2)
         flags = (*flags, "--resume", tmp_path / "agent.pt")
-    return run_in_process(name, *flags, "--total-timesteps", total_timesteps)["episode_returns"]
+    flags = (*flags, "--total-timesteps", total_timesteps)
+    if reached:
+        return run_in_process_until(name, *flags, reached=reached)
+    return run_in_process(name, *flags)["episode_returns"]
 
 
 def check_resume_continues_the_run(name, flags, tmp_path, saved_checkpoints, steps, same_as_shorter_run):

@@ -104,7 +104,8 @@ def test_twin_runs_with_cudagraphs_on_cuda(algo, tmp_path):
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_resume_continues_the_run(name, tmp_path, saved_checkpoints):
-    check_resume_continues_the_run(name, TINY_FLAGS, tmp_path, saved_checkpoints, steps=500, same_as_shorter_run=True)
+    # Saved at step 300, after 200 updates (learning starts at 100), and resumed to 600.
+    check_resume_continues_the_run(name, TINY_FLAGS, tmp_path, saved_checkpoints, steps=300, same_as_shorter_run=True)
 
 
 @pytest.mark.parametrize("algo", PAIRS)

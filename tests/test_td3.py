@@ -48,14 +48,16 @@ def build(module, device="cpu", seed=0, **arg_overrides):
 
 # --- 1. Learning ----------------------------------------------------------------------------------------------
 
-# Seed 1 is not cherry-picked. The mean of the last 10 returns at the end of this budget (75 episodes): plain, seed 1
-# -120 and seed 2 -191. The twin with --compile on 4 envs with 4 gradient steps an iteration, saved at half the
-# budget and resumed: -160 and -236 (the best 10 consecutive of the resumed half: -111 and -137); on one env it gave
-# -173 and -147 (best 10: -115 and -112). A shorter budget is not safe: at 10,000 steps seed 2 of the plain script is
-# at -348, and TD3 dips for a while after it first solves the task (2-core AMD EPYC VM, 1 thread).
+# Seed 1 is not cherry-picked. The plain script: the mean of its last 10 returns at the end of its budget (65
+# episodes) is -149 (seed 1) and -157 (seed 2). Both first pass -300 at episode 38; seed 1 stays above it, seed 2 dips
+# to -452 at episode 51 (TD3 dips for a while after it first solves the task) and stays above it from episode 58 on
+# (-191 at episode 75, the earlier budget; -348 at 50, too short a budget). TD3's run does not depend on its budget (no
+# schedule): those are the episodes of 15,000-step runs. The twin with --compile on 4 envs with 4 gradient steps an
+# iteration, saved at half its budget and resumed: -160 and -236 at the end (the best 10 consecutive of the resumed
+# half: -111 and -137); on one env it gave -173 and -147 (best 10: -115 and -112) (2-core AMD EPYC VM, 1 thread).
 LEARNING_SEED = 1
 LEARNING_STARTS = 1000
-LEARNING_STEPS = 15000
+LEARNING_STEPS = {PLAIN: 13000, TWIN: 15000}
 LEARNING_THRESHOLD = -300.0  # random policy: about -1200 on Pendulum-v1; a solved one: about -150
 
 
@@ -70,15 +72,21 @@ def test_learns_pendulum(name, flags, num_envs, resumed, tmp_path):
     with several envs and across a resume (what a checkpoint holds is checked entry by entry in
     test_resume_continues_the_run)."""
     common = ("--env-id", "Pendulum-v1", "--seed", LEARNING_SEED, "--learning-starts", LEARNING_STARTS, *flags)
-    returns = learning_run_returns(name, common, LEARNING_STEPS, resumed, tmp_path)
-    played = LEARNING_STEPS // 2 if resumed else LEARNING_STEPS
+    # The resumed half starts a new episode on a new env seed, so it is another draw of TD3's learning, which dips for
+    # a while after it first solves the task (seed 2 to -397 mid-way): 10 consecutive episodes above the threshold,
+    # anywhere in the resumed half. It stops at the episode that brings them there: the rest could not change that.
+    reached = lambda returns: len(returns) >= 10 and statistics.mean(returns[-10:]) > LEARNING_THRESHOLD  # noqa: E731
+    returns = learning_run_returns(
+        name, common, LEARNING_STEPS[name], resumed, tmp_path, reached=reached if resumed else None
+    )
+    played = LEARNING_STEPS[name] // 2 if resumed else LEARNING_STEPS[name]
     episodes = num_envs * (played // num_envs // 200)
-    assert len(returns) == episodes, f"Pendulum-v1 episodes last 200 steps; got {len(returns)} episodes"
+    stopped = resumed and reached(returns)  # the resumed half, stopped there: its episodes so far
+    assert len(returns) <= episodes if stopped else len(returns) == episodes, (
+        f"Pendulum-v1 episodes last 200 steps: {episodes} in {played} steps; got {len(returns)}"
+    )
     print(f"{name} {' '.join(flags)}: returns {[round(r) for r in returns]}")
     if resumed:
-        # The resumed half starts a new episode on a new env seed, so it is another draw of TD3's learning, which
-        # dips for a while after it first solves the task (seed 2 to -397 mid-way): 10 consecutive episodes above the
-        # threshold, anywhere in the resumed half.
         best10 = max(statistics.mean(returns[i : i + 10]) for i in range(len(returns) - 9))
         assert best10 > LEARNING_THRESHOLD, f"best mean of 10 consecutive returns {best10:.1f}"
     else:
