@@ -42,6 +42,7 @@ from conftest import (
     read_results,
     requires_cuda,
     run_in_process,
+    run_in_process_until,
     run_script,
     script_path,
     sync_,
@@ -115,7 +116,8 @@ def reference_q_lambda_returns(rewards, values, dones, last_value, gamma, q_lamb
 
 # The twin with --compile on CartPole-v1, at a test's budget: 40,000 steps of 8 envs x 32 steps, lr 2e-3, lambda 0.9,
 # epsilon down to 0.05 over the first 10% of the steps. The mean of 20 consecutive returns must reach
-# LEARNING_THRESHOLD. Seed 1 reached 400 at episode 291 of 320 (497.7 at the end; 2-core AMD EPYC VM, 1 thread). Not
+# LEARNING_THRESHOLD. Seed 1 reaches it at episode 314 (its episodes: 33,758 of the 40,000 steps; 2-core AMD EPYC VM, 1
+# thread; with the bootstrap of truncations that PQN no longer has: at episode 291 of 320, 497.7 at the end). Not
 # resumed half way: the anneal and the decay are fractions of the budget, so a resumed run must have the whole budget
 # in both halves (a run to the end and a second half: 1.5 times the steps); test_resume_continues_the_run covers it.
 LEARNING_FLAGS = ("--env-id", "CartPole-v1", "--num-envs", 8, "--num-steps", 32, "--learning-rate", 2e-3,
@@ -125,11 +127,14 @@ LEARNING_THRESHOLD = 400.0  # a random policy: about 22; the maximum: 500
 
 
 def test_learns_cartpole_twin_compiled():
+    # The run stops at the episode that brings the mean of the last 20 to the threshold: the rest of the budget could
+    # not change the verdict.
+    reached = lambda returns: len(returns) >= 20 and statistics.mean(returns[-20:]) >= LEARNING_THRESHOLD  # noqa: E731
     with one_torch_thread():  # the thread count changes float sums, so greedy actions, so the run
-        returns = run_in_process(TWIN, *LEARNING_FLAGS, "--total-timesteps", LEARNING_STEPS)["episode_returns"]
+        returns = run_in_process_until(TWIN, *LEARNING_FLAGS, "--total-timesteps", LEARNING_STEPS, reached=reached)
     means = [statistics.mean(returns[end - 20 : end]) for end in range(20, len(returns) + 1)]
     assert means, f"only {len(returns)} episodes"
-    print(f"best mean of 20 consecutive returns: {max(means):.1f}; returns {returns}")
+    print(f"best mean of 20 consecutive returns: {max(means):.1f}; {len(returns)} episodes of {sum(returns):.0f} steps")
     assert max(means) >= LEARNING_THRESHOLD, f"best mean of 20 consecutive returns {max(means):.1f}"
 
 
