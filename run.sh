@@ -31,8 +31,8 @@ Modes (each run's budget flags are in the budget table near the top of run.sh):
                      the six pairs before PQN took 69 min 9 s on a 2-core AMD EPYC VM with a warm compile cache,
                      2026-11-26, 50 of them for the 18 Breakout runs of the PPO Atari pairs; the 18 PQN runs,
                      not timed yet, about 30 more at that pace). A cold cache adds 20-30 s per compiled twin.
-  --tiny             a few hundred steps per run on small envs, seed 1: checks that everything runs (CI);
-                     its speeds mean nothing.
+  --tiny             a few hundred steps per run (1536 for PQN's 8 envs) on small envs, seed 1: checks that
+                     everything runs; the runs of each pair's own tests (CI); its speeds mean nothing.
 The distributed Atari pair runs as a world of one, a plain launch (its row is ppo_atari_distributed); runs of
 several processes are in docs/ppo_atari_distributed.md and benchmarks/gpu_check.sh's scaling stage.
 Options (an environment variable of the same meaning in brackets; the option wins):
@@ -80,7 +80,8 @@ while (($#)); do
 done
 
 # Budget flags per script and mode. full: none, the scripts' defaults. quick: a steady-state sps on the full
-# runs' envs (sps counts neither the random warm-up nor the burn-in iterations). tiny: just past the warm-up.
+# runs' envs (sps counts neither the random warm-up nor the burn-in iterations). tiny: just past the warm-up, and
+# the runs of each pair's own tests of its results line and of its twin's flags (tests/conftest.py reads these lines).
 budget() { # $1: mode, $2: script
   case $1/$2 in
     full/*) ;;
@@ -92,17 +93,17 @@ budget() { # $1: mode, $2: script
     quick/dqn) echo "--total-timesteps 30000" ;;                   # 10000 random + 20000 (2000 gradient steps)
     quick/pqn) echo "--total-timesteps 12800" ;; # 25 rollouts of 4 envs x 128: 3 burn-in (5 till captured) + 20
     quick/pqn_atari_envpool) echo "--total-timesteps 25600" ;; # 25 rollouts of 8 envs x 128, as for PQN
-    tiny/sac_continuous_action | tiny/td3_continuous_action)
-      echo "--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 200" ;;
+    tiny/sac_continuous_action | tiny/td3_continuous_action) # 100 random + 200 training steps, one episode
+      echo "--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 300" ;;
     tiny/ppo_continuous_action) # 4 rollouts of 64 steps: one past the 3 burn-in iterations
       echo "--env-id InvertedPendulum-v5 --num-steps 64 --num-minibatches 2 --update-epochs 1 --total-timesteps 256" ;;
-    tiny/ppo_atari_envpool | tiny/ppo_atari_envpool_distributed)
-      echo "--num-envs 2 --num-steps 32 --update-epochs 1 --total-timesteps 256" ;;
+    tiny/ppo_atari_envpool | tiny/ppo_atari_envpool_distributed) # 8 rollouts of 2 envs x 32: a game ends in each env
+      echo "--num-envs 2 --num-steps 32 --update-epochs 1 --total-timesteps 512" ;;
     tiny/dqn) echo "--learning-starts 200 --batch-size 32 --total-timesteps 400" ;; # 20 gradient steps
-    tiny/pqn) # 6 rollouts of 2 envs x 16 steps
-      echo "--num-envs 2 --num-steps 16 --num-minibatches 2 --update-epochs 1 --total-timesteps 192" ;;
-    tiny/pqn_atari_envpool) # 4 rollouts of 2 envs x 32 steps: one past the 3 burn-in iterations
-      echo "--num-envs 2 --num-steps 32 --num-minibatches 1 --update-epochs 1 --total-timesteps 256" ;;
+    tiny/pqn) # 6 rollouts of 8 envs x 32 steps (5 till the CUDA graphs are recorded), the learning test's shapes
+      echo "--num-envs 8 --num-steps 32 --num-minibatches 4 --update-epochs 1 --q-lambda 0.9 --total-timesteps 1536" ;;
+    tiny/pqn_atari_envpool) # 8 rollouts of 2 envs x 32 steps: past the 5 iterations till the CUDA graphs are recorded
+      echo "--num-envs 2 --num-steps 32 --num-minibatches 1 --update-epochs 1 --total-timesteps 512" ;;
     *) return 1 ;;
   esac
 }

@@ -176,7 +176,7 @@ def one_torch_thread():
 # worker starts with most of them, and none is left with one at the end. run.sh's tiny run comes after the twins'
 # flag combinations, which compile the twins with the same tiny budgets: its compilations then find their kernels in
 # inductor's cache (a twin's first compilation costs about 4 times a cached one on this CPU, 60 s against 15).
-LONGEST_FIRST = ("test_learns", "test_twin_runs_with_every_flag_combination", "test_tiny_run_of_every_pair")
+LONGEST_FIRST = ("test_learns", "test_twin_runs_with_every_flag_combination", "test_tiny_run_end_to_end")
 
 
 def pytest_configure(config):
@@ -637,21 +637,46 @@ def check_same_seed_same_returns(name):
 class TinyRun:
     """A run short enough for a test that still measures sps and finishes at least one episode."""
 
-    flags: tuple  # every flag but --seed and --results-path, --env-id and --total-timesteps included
+    flags: tuple  # every flag but --seed and --results-path; --env-id where not the script's default
     env_id: str
     total_timesteps: int  # the steps the results line reports
     return_range: tuple  # (low, high]: where the final return of such a run must lie
     env: dict | None = None  # environment variables for the run, on top of this process's
 
 
+RUN_SH = REPO_ROOT / "run.sh"
+
+
+def run_sh_budget(mode, script):
+    """The budget flags run.sh gives the runs of a pair (named by its plain script) in a mode ("full", "quick" or
+    "tiny"): run.sh's own budget() function, run by bash. LookupError where run.sh has no budget for it."""
+    function = re.search(r"^budget\(\) \{.*?^\}$", RUN_SH.read_text(), re.DOTALL | re.MULTILINE)
+    assert function, f"no budget() function in {RUN_SH}"
+    completed = subprocess.run(["bash", "-c", f'{function.group(0)}\nbudget "$1" "$2"', "budget", mode, script],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+    if completed.returncode != 0:
+        raise LookupError(f"run.sh has no {mode} budget for {script}: {completed.stderr.strip()}")
+    return tuple(completed.stdout.split())
+
+
+def run_sh_tiny_run(pair, env_id, return_range, env=None):
+    """The TinyRun of run.sh's tiny budget for a pair (its plain script's name). Each pair's tests of the results line
+    and of the twin's flag combinations run on it (the checks below assert so): they run every line of run.sh --tiny,
+    in the plain script and in each CPU variant of the twin, so that run.sh's own test need not run every pair."""
+    flags = run_sh_budget("tiny", pair)
+    total = int(flags[flags.index("--total-timesteps") + 1])
+    return TinyRun(flags=flags, env_id=env_id, total_timesteps=total, return_range=return_range, env=env)
+
+
+def check_tiny_run_is_run_sh(name, tiny):
+    """The tiny run a script's results-line test runs is run.sh's tiny budget of the script's pair."""
+    pair = name.removesuffix(".py").removesuffix("_torchcompile")
+    assert tiny.flags == run_sh_budget("tiny", pair), f"{name}: a tiny run other than run.sh's for {pair}"
+
+
 # Off-policy (SAC, TD3): 300 steps > learning_starts (100) + measure_burnin (3 by default), so sps is measured; one
-# 200-step Pendulum-v1 episode finishes, and a step's reward lies in [-16.3, 0].
-TINY_RUN = TinyRun(
-    flags=("--env-id", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "100", "--batch-size", "32"),
-    env_id="Pendulum-v1",
-    total_timesteps=300,
-    return_range=(-3300, 0),
-)
+# 200-step Pendulum-v1 episode finishes, and a step's reward lies in [-16.3, 0]. run.sh's line for SAC and TD3.
+TINY_RUN = run_sh_tiny_run("sac_continuous_action", "Pendulum-v1", (-3300, 0))
 
 
 def check_result(result, name, algo, seed, compile_, tiny=TINY_RUN, device="cpu", cudagraphs=False):
@@ -674,7 +699,9 @@ def check_result(result, name, algo, seed, compile_, tiny=TINY_RUN, device="cpu"
 
 
 def check_plain_results_line_is_appended(plain, algo, tmp_path, tiny=TINY_RUN):
-    """Two runs of the plain script append two results lines, in order, and print a summary line."""
+    """Two runs of the plain script, on run.sh's tiny budget of its pair, append two results lines, in order, and
+    print a summary line."""
+    check_tiny_run_is_run_sh(plain, tiny)
     results = tmp_path / "results.jsonl"
     for count, seed in enumerate((1, 2), start=1):
         completed = run_script(plain, *tiny.flags, "--seed", seed, "--results-path", results, env=tiny.env)
@@ -687,7 +714,9 @@ def check_plain_results_line_is_appended(plain, algo, tmp_path, tiny=TINY_RUN):
 
 
 def check_twin_runs_with_every_flag_combination(twin, algo, tmp_path, tiny=TINY_RUN):
-    """On the CPU, the twin runs with no flag, --compile, --cudagraphs and both; cudagraphs fall back with one line."""
+    """On the CPU, the twin runs with no flag, --compile, --cudagraphs and both, on run.sh's tiny budget of its pair;
+    cudagraphs fall back with one line."""
+    check_tiny_run_is_run_sh(twin, tiny)
     results = tmp_path / "results.jsonl"
     combinations = [(), ("--compile",), ("--cudagraphs",), ("--compile", "--cudagraphs")]
     for count, flags in enumerate(combinations, start=1):

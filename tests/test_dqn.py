@@ -15,7 +15,6 @@ import torch
 from conftest import (
     DEVICES,
     SameUpdates,
-    TinyRun,
     assert_changed,
     assert_leaves_close,
     check_args_of_the_pair_match,
@@ -36,6 +35,7 @@ from conftest import (
     requires_cuda,
     run_in_process,
     run_in_process_until,
+    run_sh_tiny_run,
     sync_,
 )
 from tensordict import TensorDict
@@ -473,14 +473,9 @@ def test_same_seed_same_returns(name):
 
 # --- 8 and 9. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA -----------------
 
-# 400 steps > learning_starts (200) + measure_burnin (3) gradient steps of train_frequency (10) steps, so sps is
-# measured; random CartPole-v1 episodes last about 22 steps, several finish.
-DQN_TINY_RUN = TinyRun(
-    flags=("--env-id", "CartPole-v1", "--total-timesteps", "400", "--learning-starts", "200", "--batch-size", "32"),
-    env_id="CartPole-v1",
-    total_timesteps=400,
-    return_range=(0, 500),
-)
+# run.sh's tiny budget: 400 steps > learning_starts (200) + measure_burnin (3) gradient steps of train_frequency (10)
+# steps, so sps is measured; random CartPole-v1 episodes last about 22 steps, several finish.
+DQN_TINY_RUN = run_sh_tiny_run(PLAIN, "CartPole-v1", (0, 500))
 
 
 def test_plain_results_line_is_appended(tmp_path):

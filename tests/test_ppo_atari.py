@@ -17,7 +17,6 @@ from conftest import (
     DEVICES,
     RTOL,
     SameUpdates,
-    TinyRun,
     assert_changed,
     assert_leaves_close,
     assert_params_close_after_steps,
@@ -39,6 +38,7 @@ from conftest import (
     read_results,
     requires_cuda,
     run_in_process,
+    run_sh_tiny_run,
     sync_,
 )
 from tensordict import TensorDict
@@ -607,18 +607,10 @@ def test_twin_run_matches_plain_run(recorded_run):
 
 # --- 7. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA ----------------------
 
-# 8 rollouts of 2 x 32 steps, more than measure_burnin (3 by default): sps is measured. Games end within 256 steps
-# per env under a near-uniform policy; a Breakout score is a whole number of at least 0 (a high bound: 10,000). One
-# epoch an update, as run.sh's tiny budget, whose shapes these are.
-TINY_RUN_FLAGS = ("--env-id", "Breakout-v5", "--num-envs", "2", "--num-steps", "32", "--update-epochs", "1",
-                  "--total-timesteps", "512")  # fmt: skip
-TINY = TinyRun(
-    flags=TINY_RUN_FLAGS,
-    env_id="Breakout-v5",
-    total_timesteps=512,
-    return_range=(-1, 10_000),
-    env=ONE_THREAD,
-)
+# run.sh's tiny budget (Breakout-v5, the default game): 8 rollouts of 2 x 32 steps, more than measure_burnin (3 by
+# default), so sps is measured. Games end within 256 steps per env under a near-uniform policy; a Breakout score is a
+# whole number of at least 0 (a high bound: 10,000). One epoch an update.
+TINY = run_sh_tiny_run(PLAIN, "Breakout-v5", (-1, 10_000), env=ONE_THREAD)
 
 
 def test_plain_results_line_is_appended(tmp_path):

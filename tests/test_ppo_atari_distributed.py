@@ -32,8 +32,10 @@ from conftest import (
     check_bad_checkpoints_are_refused,
     check_bad_input_in_process,
     check_every_flag_has_a_docstring_shown_by_help,
+    check_plain_results_line_is_appended,
     check_resume_continues_the_run,
     check_signal_stops_the_run,
+    check_twin_runs_with_every_flag_combination,
     describe,
     field_default,
     is_number,
@@ -42,6 +44,7 @@ from conftest import (
     one_torch_thread,
     read_results,
     run_in_process,
+    run_sh_tiny_run,
     script_path,
     sync_,
 )
@@ -391,3 +394,18 @@ def test_signal_stops_a_world_of_one_with_a_checkpoint(tmp_path):
     """A plain launch is a world of one: SIGTERM ends it after the iteration, checkpoint and results line written,
     exit 143; the run then resumes from the checkpoint."""
     check_signal_stops_the_run(TWIN, TINY_FLAGS, signal.SIGTERM, tmp_path)
+
+
+# --- 6. --results-path, and every flag combination of the twin (CPU), in a world of one ----------------------------
+
+# run.sh's tiny budget of this pair, the single-process pair's (its tests say why: sps measured, a game ends in each
+# env): run.sh --tiny launches this pair as a world of one, with python, as these runs do.
+TINY = run_sh_tiny_run(PLAIN, "Breakout-v5", (-1, 10_000), env={"OMP_NUM_THREADS": "1"})
+
+
+def test_plain_results_line_is_appended(tmp_path):
+    check_plain_results_line_is_appended(PLAIN, "ppo_atari_distributed", tmp_path, tiny=TINY)
+
+
+def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
+    check_twin_runs_with_every_flag_combination(TWIN, "ppo_atari_distributed", tmp_path, tiny=TINY)

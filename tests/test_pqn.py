@@ -44,6 +44,7 @@ from conftest import (
     run_in_process,
     run_in_process_until,
     run_script,
+    run_sh_tiny_run,
     script_path,
     sync_,
 )
@@ -435,17 +436,11 @@ def test_same_seed_same_returns(name):
 
 # --- 8 and 9. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA -----------------
 
-# 4 rollouts of 8 x 32 steps: the sps clock starts after measure_burnin (3) iterations; random CartPole-v1 episodes
-# last about 22 steps, several finish. The rollout, minibatch and lambda of the learning test's run: the compiled
-# runs' kernels are those it compiled, found in inductor's cache instead of compiled again.
-PQN_TINY_FLAGS = ("--env-id", "CartPole-v1", "--num-envs", 8, "--num-steps", 32, "--num-minibatches", 4,
-                  "--update-epochs", 1, "--q-lambda", 0.9, "--total-timesteps", 1024)  # fmt: skip
-PQN_TINY_RUN = TinyRun(
-    flags=tuple(map(str, PQN_TINY_FLAGS)),
-    env_id="CartPole-v1",
-    total_timesteps=1024,
-    return_range=(0, 500),
-)
+# run.sh's tiny budget: 6 rollouts of 8 x 32 steps: the sps clock starts after measure_burnin (3) iterations (on CUDA
+# with --cudagraphs, after the 5 till the graphs are recorded); random CartPole-v1 episodes last about 22 steps,
+# several finish. The rollout, minibatch and lambda of the learning test's run: the compiled runs' kernels are those
+# it compiled, found in inductor's cache instead of compiled again.
+PQN_TINY_RUN = run_sh_tiny_run(PLAIN, "CartPole-v1", (0, 500))
 
 
 def test_plain_results_line_is_appended(tmp_path):

@@ -24,7 +24,6 @@ from conftest import (
     REPO_ROOT,
     RTOL,
     SameUpdates,
-    TinyRun,
     assert_changed,
     assert_leaves_close,
     assert_params_close_after_steps,
@@ -43,6 +42,7 @@ from conftest import (
     read_results,
     requires_cuda,
     run_in_process,
+    run_sh_tiny_run,
     script_path,
 )
 from tensordict import TensorDict
@@ -527,26 +527,11 @@ def test_twin_run_matches_plain_run(recorded_run):
 
 # --- 6. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA ----------------------
 
-# 5 iterations of 2 x 32 steps, more than measure_burnin (3): sps is measured. A Breakout game ends within 160 steps
-# per env under a near-random policy (seeds 1 and 2: their first at step 124 of an env); a score is a whole number of
-# at least 0 (a high bound: 10,000). On CUDA, --cudagraphs makes the burn-in CUDAGRAPH_WARMUP (5) iterations: the CUDA
-# run keeps 8.
-TINY_FLAGS_BUT_BUDGET = ("--env-id", "Breakout-v5", "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "1",
-                         "--update-epochs", "1")  # fmt: skip
-TINY = TinyRun(
-    flags=(*TINY_FLAGS_BUT_BUDGET, "--total-timesteps", "320"),
-    env_id="Breakout-v5",
-    total_timesteps=320,
-    return_range=(-1, 10_000),
-    env=ONE_THREAD,
-)
-CUDA_TINY = TinyRun(
-    flags=(*TINY_FLAGS_BUT_BUDGET, "--total-timesteps", "512"),
-    env_id="Breakout-v5",
-    total_timesteps=512,
-    return_range=(-1, 10_000),
-    env=ONE_THREAD,
-)
+# run.sh's tiny budget (Breakout-v5, the default game): 8 iterations of 2 x 32 steps, more than measure_burnin (3),
+# and on CUDA more than the CUDAGRAPH_WARMUP (5) iterations that --cudagraphs makes the burn-in: sps is measured on
+# either. A Breakout game ends within 160 steps per env under a near-random policy (seeds 1 and 2: their first at step
+# 124 of an env); a score is a whole number of at least 0 (a high bound: 10,000).
+TINY = run_sh_tiny_run(PLAIN, "Breakout-v5", (-1, 10_000), env=ONE_THREAD)
 
 
 def test_plain_results_line_is_appended(tmp_path):
@@ -559,7 +544,7 @@ def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
 
 @requires_cuda
 def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
-    check_twin_runs_with_cudagraphs_on_cuda(TWIN, "pqn_atari", tmp_path, tiny=CUDA_TINY)
+    check_twin_runs_with_cudagraphs_on_cuda(TWIN, "pqn_atari", tmp_path, tiny=TINY)
 
 
 # --- 7. Checkpoints: resume, the budget, evaluation across the pair, interruption ---------------------------------

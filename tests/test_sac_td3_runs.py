@@ -7,6 +7,7 @@ import signal
 
 import pytest
 from conftest import (
+    TINY_RUN,
     check_bad_checkpoints_are_refused,
     check_bad_input,
     check_bad_input_in_process,
@@ -85,12 +86,12 @@ def test_same_seed_same_returns(name):
 
 @pytest.mark.parametrize("algo", PAIRS)
 def test_plain_results_line_is_appended(algo, tmp_path):
-    check_plain_results_line_is_appended(PAIRS[algo], algo, tmp_path)
+    check_plain_results_line_is_appended(PAIRS[algo], algo, tmp_path, tiny=TINY_RUN)  # run.sh's tiny budget
 
 
 @pytest.mark.parametrize("algo", PAIRS)
 def test_twin_runs_with_every_flag_combination_and_appends_results(algo, tmp_path):
-    check_twin_runs_with_every_flag_combination(PAIRS[algo] + "_torchcompile", algo, tmp_path)
+    check_twin_runs_with_every_flag_combination(PAIRS[algo] + "_torchcompile", algo, tmp_path, tiny=TINY_RUN)
 
 
 @requires_cuda

@@ -1,8 +1,9 @@
 """Tests of the speed-up table: benchmarks/speedup_table.py on hand-made results whose medians and ratios are known,
-and run.sh end to end: its options, its report of failed runs (on fake scripts that fail on purpose), and a
---tiny run of every pair of leanrl/ (the CI mode of the README's table).
+and run.sh end to end: its options, its report of failed runs (on fake scripts that fail on purpose), a tiny budget for
+every pair of leanrl/ that the pair's own tests run, and a --tiny run of two pairs (the CI mode of the README's table).
 """
 
+import importlib
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import sys
 
 import matplotlib.image
 import pytest
-from conftest import REPO_ROOT, SCRIPTS_DIR, describe
+from conftest import REPO_ROOT, SCRIPTS_DIR, describe, run_sh_budget
 
 TOOL = REPO_ROOT / "benchmarks" / "speedup_table.py"
 RUN_SH = REPO_ROOT / "run.sh"
@@ -206,7 +207,7 @@ def test_bad_results_file_exits_2_with_one_line(tmp_path, content, words):
     assert not (tmp_path / "speedup.md").exists()
 
 
-# --- run.sh: options, failures (on fake scripts), and a --tiny run of every pair ------------------------------------
+# --- run.sh: options, failures (on fake scripts), every pair's tiny budget, and a --tiny run of two pairs -----------
 
 
 def run_sh(*args, env=None, script=RUN_SH, timeout=900):
@@ -320,7 +321,7 @@ def test_failed_runs_are_reported_and_the_rest_still_make_the_table(fake_repo):
 
     # Every run got the budget flags and its seed; the failed run's log holds its message.
     log = (out / "logs" / "td3_continuous_action-twin-compile-seed2.log").read_text()
-    assert "--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 200 --seed 2" in log
+    assert "--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 300 --seed 2" in log
     assert log.rstrip().endswith("--compile")
     assert "broken on purpose" in (out / "logs" / "sac_continuous_action-twin-compile-seed1.log").read_text()
 
@@ -348,13 +349,59 @@ def test_scripts_option_runs_only_those(fake_repo):
     assert completed.returncode == 2 and "already holds a results.jsonl" in completed.stderr, describe(completed)
 
 
-def test_tiny_run_of_every_pair(tmp_path):
-    """CI's run of run.sh: every pair of leanrl/ in the CPU variants, one seed; the table has a number where a run was."""
-    pairs = sorted(path.name[: -len("_torchcompile.py")] for path in SCRIPTS_DIR.glob("*_torchcompile.py")
-                   if (SCRIPTS_DIR / path.name.replace("_torchcompile", "")).is_file())  # fmt: skip
+def all_pairs():
+    """Every pair of leanrl/, named by its plain script: each X_torchcompile.py whose X.py exists (as run.sh finds them)."""
+    return sorted(path.name[: -len("_torchcompile.py")] for path in SCRIPTS_DIR.glob("*_torchcompile.py")
+                  if (SCRIPTS_DIR / path.name.replace("_torchcompile", "")).is_file())  # fmt: skip
+
+
+# Where each pair's tests of the results line (the plain script, two seeds) and of the twin's flag combinations (the
+# twin with no flag, --compile, --cudagraphs and both) are, and the TinyRun they run. Those checks assert that their
+# TinyRun is run.sh's tiny budget of the pair (conftest.check_tiny_run_is_run_sh): every line of run.sh --tiny is run,
+# in the plain script and in each CPU variant of the twin, by its pair's tests.
+TINY_RUN_TESTS = {  # pair: (test module, its TinyRun)
+    "dqn": ("test_dqn", "DQN_TINY_RUN"),
+    "ppo_atari_envpool": ("test_ppo_atari", "TINY"),
+    "ppo_atari_envpool_distributed": ("test_ppo_atari_distributed", "TINY"),
+    "ppo_continuous_action": ("test_ppo_continuous", "TINY"),
+    "pqn": ("test_pqn", "PQN_TINY_RUN"),
+    "pqn_atari_envpool": ("test_pqn_atari", "TINY"),
+    "sac_continuous_action": ("test_sac_td3_runs", "TINY_RUN"),
+    "td3_continuous_action": ("test_sac_td3_runs", "TINY_RUN"),
+}
+RESULTS_TESTS = (
+    "test_plain_results_line_is_appended",
+    "test_twin_runs_with_every_flag_combination_and_appends_results",
+)
+
+
+def test_every_pair_has_a_tiny_budget_that_its_tests_run():
+    """run.sh has a tiny budget for every pair, and the pair's results-line and flag-combination tests run on it: so
+    the tiny run below, end to end, can take two pairs and still stand for every pair's line of run.sh --tiny."""
+    pairs = all_pairs()
     assert len(pairs) >= 3, pairs
+    assert sorted(TINY_RUN_TESTS) == pairs, "a pair whose tests of run.sh's tiny budget are not listed here"
+    for pair, (module_name, attribute) in TINY_RUN_TESTS.items():
+        flags = run_sh_budget("tiny", pair)
+        assert "--total-timesteps" in flags, (pair, flags)
+        module = importlib.import_module(module_name)
+        assert getattr(module, attribute).flags == flags, f"{module_name}.{attribute} is not run.sh's tiny {pair}"
+        for test in RESULTS_TESTS:
+            assert callable(getattr(module, test, None)), f"{module_name} has no {test}"
+
+
+# Two pairs of the cheapest tiny runs: small MLPs on classic-control and MuJoCo envs.
+END_TO_END_PAIRS = ("dqn", "ppo_continuous_action")
+
+
+def test_tiny_run_end_to_end(tmp_path):
+    """CI's run of run.sh: two pairs of leanrl/ in the CPU variants, one seed; the table has a number where a run
+    was. (Every pair's tiny budget is run by its own tests: test_every_pair_has_a_tiny_budget_that_its_tests_run.)"""
+    pairs = sorted(END_TO_END_PAIRS)
+    assert set(pairs) < set(all_pairs()), pairs
     out = tmp_path / "tiny"
-    completed = run_sh("--tiny", "--out", str(out), env={"CUDA_VISIBLE_DEVICES": ""})  # the CPU variants, also on a GPU
+    cpu_only = {"CUDA_VISIBLE_DEVICES": ""}  # the CPU variants, also on a GPU
+    completed = run_sh("--tiny", "--scripts", " ".join(pairs), "--out", str(out), env=cpu_only)
     assert completed.returncode == 0, describe(completed)
     lines = completed.stdout.splitlines()
 
