@@ -20,7 +20,6 @@ from conftest import (
     DEVICES,
     RTOL,
     SameUpdates,
-    TinyRun,
     assert_changed,
     assert_leaves_close,
     assert_same_state,
@@ -39,6 +38,8 @@ from conftest import (
     load_script,
     requires_cuda,
     run_in_process,
+    run_in_process_until,
+    run_sh_tiny_run,
     sync_,
 )
 from tensordict import TensorDict
@@ -98,6 +99,10 @@ LEARNING_ENV = "InvertedPendulum-v5"
 # last 20 returns at this budget is 688 and 539 (plain script), 673 and 737 (twin with --compile). At 24 rollouts both
 # scripts ended at 1000, the maximum, in each of the last 20 episodes; at 12 the twin's seed 1 was at 177, at 8 three
 # of the four runs fell short. (The budget sets the learning rate's annealing: each budget is a run of its own.)
+# What the test asks: that the mean of 20 consecutive returns reach 20 times the random policy's within the budget; the
+# run stops at the episode that brings it there, as the rest of the budget could not change that verdict (it asked
+# before that the last 20 of the budget be there: the runs above ended well above it, but that is no longer checked on
+# each run).
 LEARNING_SEED = 1
 LEARNING_STEPS = 16 * 2048  # 16 rollouts of the default 2048 steps
 LEARNING_FACTOR = 20  # the bar: at least 20 times the random policy's mean return
@@ -124,14 +129,17 @@ def random_policy_mean_return(env_id, episodes=500, seed=0):
 def test_learns_inverted_pendulum(name, flags):
     random_return = random_policy_mean_return(LEARNING_ENV)
     assert 1 < random_return < 20, random_return
-    run = run_in_process(
-        name, "--env-id", LEARNING_ENV, "--seed", LEARNING_SEED, "--total-timesteps", LEARNING_STEPS, *flags
-    )
-    returns = run["episode_returns"]
-    last20 = statistics.mean(returns[-20:])
-    print(f"{name} {' '.join(flags)}: random policy {random_return:.1f}, mean of the last 20 returns {last20:.1f}")
+    bar = LEARNING_FACTOR * random_return
+    reached = lambda returns: len(returns) >= 20 and statistics.mean(returns[-20:]) >= bar  # noqa: E731
+    returns = run_in_process_until(
+        name, "--env-id", LEARNING_ENV, "--seed", LEARNING_SEED, "--total-timesteps", LEARNING_STEPS, *flags,
+        reached=reached,
+    )  # fmt: skip
     assert len(returns) >= 20, returns
-    assert last20 >= LEARNING_FACTOR * random_return, f"last 20 returns {returns[-20:]}"
+    best20 = max(statistics.mean(returns[end - 20 : end]) for end in range(20, len(returns) + 1))
+    print(f"{name} {' '.join(flags)}: random policy {random_return:.1f}, best mean of 20 consecutive returns "
+          f"{best20:.1f} after {len(returns)} episodes of {sum(returns):.0f} steps")  # fmt: skip
+    assert best20 >= bar, f"best mean of 20 consecutive returns {best20:.1f}; the last 20 {returns[-20:]}"
 
 
 # --- 2. Advantages ------------------------------------------------------------------------------------------------
@@ -452,17 +460,10 @@ def test_same_seed_same_returns(name):
 
 # --- 7 and 8. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA -----------------
 
-# Four rollouts of 64 steps: one more than measure_burnin (3 by default), so sps is measured; InvertedPendulum-v5
-# episodes of a fresh policy last a few steps and earn 1 per step, at most 1000. run.sh's tiny budget: the twin
-# compiled here and in run.sh's tiny run has the same shapes, so the second compilation finds inductor's cache.
-TINY_RUN_FLAGS = ("--env-id", "InvertedPendulum-v5", "--num-steps", "64", "--num-minibatches", "2",
-                  "--update-epochs", "1", "--total-timesteps", "256")  # fmt: skip
-TINY = TinyRun(
-    flags=TINY_RUN_FLAGS,
-    env_id="InvertedPendulum-v5",
-    total_timesteps=256,
-    return_range=(0, 1000),
-)
+# run.sh's tiny budget: four rollouts of 64 steps, one more than measure_burnin (3 by default), so sps is measured;
+# InvertedPendulum-v5 episodes of a fresh policy last a few steps and earn 1 per step, at most 1000. The twin compiled
+# here and in run.sh's tiny run has the same shapes, so the second compilation finds inductor's cache.
+TINY = run_sh_tiny_run(PLAIN, "InvertedPendulum-v5", (0, 1000))
 
 
 def test_plain_results_line_is_appended(tmp_path):
