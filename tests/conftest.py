@@ -23,6 +23,7 @@ import os
 import re
 import runpy
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -839,18 +840,28 @@ def run_in_process_until(name, *flags, reached, timeout=DEFAULT_TIMEOUT_S):
         run_utils.Run.episode = episode
 
 
-def learning_run_returns(name, flags, total_timesteps, resumed, tmp_path, reached=None):
-    """The training episodes' returns of a run of `total_timesteps`. resumed: the run is saved at half the budget and
-    resumed in a new run, and the returns are the resumed run's (the second half's). reached: stop the (resumed) run
-    once reached(returns so far) holds (run_in_process_until)."""
+def check_learns_pendulum(name, flags, total_timesteps, num_envs, resumed, tmp_path, threshold):
+    """A SAC or TD3 script on Pendulum-v1 (episodes of 200 steps) reaches a mean of `threshold` over 10 consecutive
+    training episodes within `total_timesteps`; the run stops at the episode that brings them there, since the rest
+    of the budget could not change that. resumed: the run is saved at half the budget and resumed in a new run, and
+    the episodes counted are the resumed run's (the second half's)."""
+    flags = ("--env-id", "Pendulum-v1", *flags)
     if resumed:
         flags = (*flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
         run_in_process(name, *flags, "--total-timesteps", total_timesteps // 2)
         flags = (*flags, "--resume", tmp_path / "agent.pt")
-    flags = (*flags, "--total-timesteps", total_timesteps)
-    if reached:
-        return run_in_process_until(name, *flags, reached=reached)
-    return run_in_process(name, *flags)["episode_returns"]
+    reached = lambda returns: len(returns) >= 10 and statistics.mean(returns[-10:]) > threshold  # noqa: E731
+    returns = run_in_process_until(name, *flags, "--total-timesteps", total_timesteps, reached=reached)
+    played = total_timesteps // 2 if resumed else total_timesteps
+    episodes = num_envs * (played // num_envs // 200)
+    stopped = reached(returns)  # stopped there: its episodes so far
+    assert len(returns) <= episodes if stopped else len(returns) == episodes, (
+        f"Pendulum-v1 episodes last 200 steps: {episodes} in {played} steps; got {len(returns)}"
+    )
+    print(f"{name} {' '.join(map(str, flags))}: {len(returns)} of {episodes} episodes; returns {[round(r) for r in returns]}")
+    assert len(returns) >= 10, returns
+    best10 = max(statistics.mean(returns[i : i + 10]) for i in range(len(returns) - 9))
+    assert best10 > threshold, f"best mean of 10 consecutive returns {best10:.1f}"
 
 
 def check_resume_continues_the_run(name, flags, tmp_path, saved_checkpoints, steps, same_as_shorter_run):

@@ -5,7 +5,6 @@ command line, the `episode_returns` global of a run, the --results-path JSON lin
 """
 
 import math
-import statistics
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from conftest import (
     assert_leaves_close,
     check_args_of_the_pair_match,
     check_every_flag_has_a_docstring_shown_by_help,
-    learning_run_returns,
+    check_learns_pendulum,
     leaves,
     load_script,
     named_tensors,
@@ -75,19 +74,8 @@ def test_learns_pendulum(name, flags, num_envs, resumed, tmp_path):
     iteration (as many updates as one env makes), and is saved at half the budget and resumed in a new run: it learns
     with several envs and across a resume (what a checkpoint holds is checked entry by entry in
     test_resume_continues_the_run)."""
-    common = ("--env-id", "Pendulum-v1", "--seed", LEARNING_SEED, "--learning-starts", LEARNING_STARTS, *flags)
-    reached = lambda returns: len(returns) >= 10 and statistics.mean(returns[-10:]) > LEARNING_THRESHOLD  # noqa: E731
-    returns = learning_run_returns(name, common, LEARNING_STEPS[name], resumed, tmp_path, reached=reached)
-    played = LEARNING_STEPS[name] // 2 if resumed else LEARNING_STEPS[name]
-    episodes = num_envs * (played // num_envs // 200)
-    stopped = reached(returns)  # stopped there: its episodes so far
-    assert len(returns) <= episodes if stopped else len(returns) == episodes, (
-        f"Pendulum-v1 episodes last 200 steps: {episodes} in {played} steps; got {len(returns)}"
-    )
-    print(f"{name} {' '.join(flags)}: {len(returns)} of {episodes} episodes; returns {[round(r) for r in returns]}")
-    assert len(returns) >= 10, returns
-    best10 = max(statistics.mean(returns[i : i + 10]) for i in range(len(returns) - 9))
-    assert best10 > LEARNING_THRESHOLD, f"best mean of 10 consecutive returns {best10:.1f}"
+    flags = ("--seed", LEARNING_SEED, "--learning-starts", LEARNING_STARTS, *flags)
+    check_learns_pendulum(name, flags, LEARNING_STEPS[name], num_envs, resumed, tmp_path, LEARNING_THRESHOLD)
 
 
 # --- 2. The twin's updates agree: compiled and eager, captured and not, and with the plain script's --------------
