@@ -858,7 +858,9 @@ def check_learns_pendulum(name, flags, total_timesteps, num_envs, resumed, tmp_p
     assert len(returns) <= episodes if stopped else len(returns) == episodes, (
         f"Pendulum-v1 episodes last 200 steps: {episodes} in {played} steps; got {len(returns)}"
     )
-    print(f"{name} {' '.join(map(str, flags))}: {len(returns)} of {episodes} episodes; returns {[round(r) for r in returns]}")
+    print(
+        f"{name} {' '.join(map(str, flags))}: {len(returns)} of {episodes} episodes; returns {[round(r) for r in returns]}"
+    )
     assert len(returns) >= 10, returns
     best10 = max(statistics.mean(returns[i : i + 10]) for i in range(len(returns) - 9))
     assert best10 > threshold, f"best mean of 10 consecutive returns {best10:.1f}"
