@@ -95,8 +95,8 @@ budget() { # $1: mode, $2: script
     quick/pqn_atari_envpool) echo "--total-timesteps 25600" ;; # 25 rollouts of 8 envs x 128, as for PQN
     tiny/sac_continuous_action | tiny/td3_continuous_action) # 100 random + 200 training steps, one episode
       echo "--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 300" ;;
-    tiny/ppo_continuous_action) # 4 rollouts of 64 steps: one past the 3 burn-in iterations
-      echo "--env-id InvertedPendulum-v5 --num-steps 64 --num-minibatches 2 --update-epochs 1 --total-timesteps 256" ;;
+    tiny/ppo_continuous_action) # 6 rollouts of 64 steps: one past the 5 till the CUDA graphs are recorded
+      echo "--env-id InvertedPendulum-v5 --num-steps 64 --num-minibatches 2 --update-epochs 1 --total-timesteps 384" ;;
     tiny/ppo_atari_envpool | tiny/ppo_atari_envpool_distributed) # 8 rollouts of 2 envs x 32: a game ends in each env
       echo "--num-envs 2 --num-steps 32 --update-epochs 1 --total-timesteps 512" ;;
     tiny/dqn) echo "--learning-starts 200 --batch-size 32 --total-timesteps 400" ;; # 20 gradient steps

@@ -15,7 +15,7 @@ median sps is divided by the env's median: 100% would be an agent that costs not
     python benchmarks/env_speed.py --frames   # on a GPU: what copying ppo_atari_envpool's frames there costs
 
 With --frames, a second table: the Atari envs alone, then with each step's frames copied to the GPU, from pageable
-memory (`torch.as_tensor`) and the twin's way (`frames_to_device`: through pinned memory), each waited for as the
+memory (`torch.as_tensor`) and the twin's way (`frames_to_device`: through one pinned buffer), each waited for as the
 training loop waits for them, the three in turn in each repeat; and each copy's cost in microseconds per step.
 """
 
@@ -108,11 +108,13 @@ if __name__ == "__main__":
 
     if args.frames:
         cuda = torch.device("cuda")
-        frames_to_device = load_script("ppo_atari_envpool_torchcompile").frames_to_device
+        script_args, envs = make_envs("ppo_atari_envpool")
+        frames_shape = (script_args.num_envs, *envs.observation_space.shape)
+        frames_to_device = load_script("ppo_atari_envpool_torchcompile").make_frames_to_device(frames_shape, cuda)
         copies = {
             "envs alone": None,
             "+ frames to the GPU, pageable (torch.as_tensor)": lambda obs: torch.as_tensor(obs, device=cuda),
-            "+ frames to the GPU, pinned (the twin's frames_to_device)": lambda obs: frames_to_device(obs, cuda),
+            "+ frames to the GPU, pinned (the twin's frames_to_device)": frames_to_device,
         }
 
         def waited_for(copy):
@@ -122,7 +124,6 @@ if __name__ == "__main__":
 
             return after_step
 
-        script_args, envs = make_envs("ppo_atari_envpool")
         rates = {label: [] for label in copies}
         for _ in range(args.repeats):
             for label, copy in copies.items():

@@ -9,7 +9,7 @@
 #            the warm-up or a missing results line is reported as FAILED (logs in OUT_DIR/smoke/); smoke:X smokes the
 #            pair X alone (named by its plain script).
 #   tests    python -m pytest -n auto tests: the CPU suite and its CUDA cases (OUT_DIR/pytest.log); tests:cuda runs
-#            the CUDA cases alone (pytest -m cuda: 55 cases).
+#            the CUDA cases alone (pytest -m cuda: 69 cases).
 #   speedup:S  ./run.sh --quick for seed S, every pair and variant (OUT_DIR/speedup-seedS/). One seed is one
 #            stage: on an H100 machine (16 cores), 17 of a seed's 20 runs took 9 minutes with a cold compile
 #            cache, about 12 s of each run being the imports of torch and the envs. speedup:S:X runs the pair X

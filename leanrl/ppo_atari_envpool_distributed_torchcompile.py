@@ -122,12 +122,21 @@ def make_envs(env_id, num_envs, seed, num_threads=0):
     return envs
 
 
-def frames_to_device(frames, device):
-    """envpool's uint8 frames as a tensor on the device: on the CPU without a copy, on a GPU through pinned memory."""
-    frames = torch.from_numpy(frames)
-    # From pageable memory the driver stages the copy while the host waits (108 us a step in the H100 profile);
-    # from pinned memory the transfer runs on its own while the host goes on to launch the policy.
-    return frames.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else frames
+def make_frames_to_device(shape, device):
+    """envpool's uint8 frames as a tensor on the device: on the CPU the env's own array (no copy), on a GPU a copy
+    through one buffer pinned once (pinning each step's frames cost 2.7 ms a step on an H200 machine)."""
+    if device.type != "cuda":
+        return torch.from_numpy
+    # From pinned memory the transfer runs on its own (non_blocking) while the host goes on to launch the policy.
+    pinned_frames, copied = torch.empty(shape, dtype=torch.uint8, pin_memory=True), torch.cuda.Event()
+
+    def frames_to_device(frames):
+        copied.synchronize()  # the last transfer has read the buffer (in a rollout at once: the action's copy waited)
+        on_device = pinned_frames.copy_(torch.from_numpy(frames)).to(device, non_blocking=True)
+        copied.record()
+        return on_device
+
+    return frames_to_device
 
 
 def layer_init(layer, std=2**0.5, bias_const=0.0):
@@ -448,7 +457,8 @@ if __name__ == "__main__":
 
     next_obs, _ = envs.reset()
     # Frames stay uint8 until the network divides them by 255: a quarter of the memory and copies of float32.
-    next_obs = frames_to_device(next_obs, device)
+    frames_to_device = make_frames_to_device(next_obs.shape, device)
+    next_obs = frames_to_device(next_obs)
     next_done = np.zeros(rank_num_envs, dtype=np.float32)
     game_returns = np.zeros(rank_num_envs)  # each env's unclipped score since its game started, over all lives
     global_step = start_step
@@ -483,7 +493,7 @@ if __name__ == "__main__":
                 rank_returns.append(float(game_returns[index]))
                 game_returns[index] = 0.0
             env_steps[-1].update(rewards=reward, time_limits=(truncations & ~terminations).astype(np.float32))
-            next_obs = frames_to_device(next_obs, device)
+            next_obs = frames_to_device(next_obs)
             next_done = (terminations | truncations).astype(np.float32)
 
         rollout = TensorDict(

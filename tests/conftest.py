@@ -291,6 +291,17 @@ def _float32_on_cuda():
 # --- Generic helpers for the tests of a script pair (the update functions, flags and runs of any algorithm) ---
 
 
+@contextlib.contextmanager
+def default_dtype(dtype):
+    """torch's default dtype (of new parameters and of float results of integer inputs) set to dtype in the block."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
 @pytest.fixture
 def inductor_fallback_random(monkeypatch):
     """Random ops inside compiled code draw from the eager generator, so seeded samples match eager ones.

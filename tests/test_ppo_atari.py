@@ -388,29 +388,28 @@ def test_twin_eager_update_matches_plain(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_twin_frames_reach_the_device_unchanged(twin, device):
     """frames_to_device gives the env's uint8 frames on the device. On the CPU: the env's own array (no copy). On a
-    GPU: a copy through pinned memory that returns before it is done (non_blocking), which two writes could reach
-    while it is in flight: the next calls' staging of the next frames (were a pinned buffer reused while a copy still
-    reads it) and the env's next steps, which write the array the frames came in. Here the device's stream is held
-    up by a spin kernel, so that every copy is still queued while the later calls and writes are made."""
-    frames_to_device = load_script(twin).frames_to_device
+    GPU: a copy through one pinned buffer that returns before it is done (non_blocking), which two writes could reach
+    while it is in flight: the env's next step, which writes the array the frames came in, and the next call, which
+    writes the buffer. Here the device's stream is held up by a spin kernel, so that the first copy is still queued
+    when the env's array is overwritten and the next calls are made."""
     batches = [np.random.default_rng(seed).integers(0, 256, (8, 4, 84, 84), dtype=np.uint8) for seed in range(4)]
+    frames_to_device = load_script(twin).make_frames_to_device(batches[0].shape, torch.device(device))
     if device == "cpu":
-        on_device = frames_to_device(batches[0], torch.device("cpu"))
+        on_device = frames_to_device(batches[0])
         assert on_device.dtype == torch.uint8 and on_device.device.type == "cpu"
         assert on_device.data_ptr() == batches[0].ctypes.data
         return
-    cuda = torch.device("cuda")
-    env_frames = np.empty_like(batches[0])  # the env's array: each step writes its frames there
-    for _ in range(2):  # the first round fills the pinned-memory cache, so that the second allocates nothing new
-        stream = torch.cuda.current_stream()
-        torch.cuda._sleep(10**9)  # about half a second of spinning: the copies below wait behind it
-        on_device = []
-        for frames in batches:
-            env_frames[:] = frames
-            on_device.append(frames_to_device(env_frames, cuda))
-        env_frames[:] = 0
-        in_flight = not stream.query()
-        torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
+    env_frames = batches[0].copy()  # the env's array: each step writes its frames there
+    torch.cuda._sleep(10**9)  # about half a second of spinning: the first copy waits behind it
+    on_device = [frames_to_device(env_frames)]
+    in_flight = not stream.query()
+    env_frames[:] = 0
+    for frames in batches[1:]:
+        env_frames[:] = frames
+        on_device.append(frames_to_device(env_frames))
+    env_frames[:] = 0
+    torch.cuda.synchronize()
     assert in_flight, (
         "frames_to_device waited for the device: its copy is not asynchronous, and the test proves nothing"
     )

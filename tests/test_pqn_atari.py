@@ -36,6 +36,7 @@ from conftest import (
     check_resume_continues_the_run,
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
+    default_dtype,
     load_checkpoint,
     load_script,
     one_torch_thread,
@@ -260,30 +261,35 @@ def test_twin_eager_matches_plain(device):
 def test_twin_compiled_matches_eager(device, inductor_fallback_random):
     """The compiled update (forward and backward in one graph), policy, value and Q(lambda) returns compute the
     eager twin's, round after round, with the learning rate annealed in place between rounds."""
-    module = load_script(TWIN)
-    eager, compiled = build(module, device, compile=False), build(module, device, compile=True)
-    check = SameUpdates("update")
-    for round_ in range(3):
-        batch = random_minibatch(seed=100 + round_, device=device)
-        losses = {
-            label: detached(call_update(pqn, TWIN, batch)) for label, pqn in (("eager", eager), ("compiled", compiled))
-        }
-        assert_leaves_close(losses["compiled"], losses["eager"], f"round {round_} losses")
-        check.check(compiled.qnet, eager.qnet, learning_rate(eager), f"round {round_}")
-        for pqn in (eager, compiled):
-            pqn.set_learning_rate(learning_rate(pqn) * 0.5)
-    # The shapes of a run of 2 envs x 32 steps (the flag-combination test's): its compiles then hit this one's cache.
-    obs = random_minibatch(seed=7, size=2, device=device)["obs"]
-    epsilon = torch.tensor(0.5, device=device)
-    outputs = {}
-    for label, pqn in (("eager", eager), ("compiled", compiled)):
-        torch.manual_seed(42)
-        calls = [pqn.policy(obs, epsilon) for _ in range(8)]
-        outputs[label] = [torch.stack([action for action, _ in calls]), calls[-1][1], pqn.value(obs)]
-    assert torch.equal(outputs["compiled"][0], outputs["eager"][0]), "other actions"
-    assert len(outputs["eager"][0].unique()) > 1, "the policy does not explore"
-    for actual, expected in zip(outputs["compiled"][1:], outputs["eager"][1:], strict=True):
-        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
+    # On CUDA in float64: in float32 the compiled and eager gradients of the first conv layer were up to 3.5% of their
+    # largest entry apart in the second round (an H200, torch 2.11); in float64 every round matched. So that gap is
+    # rounding, not another computation, which would differ at either precision.
+    with default_dtype(torch.float64 if device == "cuda" else torch.float32):
+        module = load_script(TWIN)
+        eager, compiled = build(module, device, compile=False), build(module, device, compile=True)
+        check = SameUpdates("update")
+        for round_ in range(3):
+            batch = random_minibatch(seed=100 + round_, device=device)
+            losses = {
+                label: detached(call_update(pqn, TWIN, batch))
+                for label, pqn in (("eager", eager), ("compiled", compiled))
+            }
+            assert_leaves_close(losses["compiled"], losses["eager"], f"round {round_} losses")
+            check.check(compiled.qnet, eager.qnet, learning_rate(eager), f"round {round_}")
+            for pqn in (eager, compiled):
+                pqn.set_learning_rate(learning_rate(pqn) * 0.5)
+        # The shapes of a run of 2 envs x 32 steps (the flag-combination test's): its compiles then hit this one's cache.
+        obs = random_minibatch(seed=7, size=2, device=device)["obs"]
+        epsilon = torch.tensor(0.5, device=device)
+        outputs = {}
+        for label, pqn in (("eager", eager), ("compiled", compiled)):
+            torch.manual_seed(42)
+            calls = [pqn.policy(obs, epsilon) for _ in range(8)]
+            outputs[label] = [torch.stack([action for action, _ in calls]), calls[-1][1], pqn.value(obs)]
+        assert torch.equal(outputs["compiled"][0], outputs["eager"][0]), "other actions"
+        assert len(outputs["eager"][0].unique()) > 1, "the policy does not explore"
+        for actual, expected in zip(outputs["compiled"][1:], outputs["eager"][1:], strict=True):
+            torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
     rollout = {key: value.to(device) for key, value in random_rollout(32, 2, seed=9).items()}
     expected = reference_q_lambda_returns(**{k: v.cpu() for k, v in rollout.items()}, gamma=0.99, q_lambda=0.65)
     torch.testing.assert_close(eager.q_lambda_returns(**rollout).cpu(), expected, rtol=RTOL, atol=ATOL)
