@@ -154,6 +154,29 @@ def run_in_process(name, *flags, timeout=DEFAULT_TIMEOUT_S, cuda=False):
     return run_globals
 
 
+def run_script_in_process(name, *flags, env=None, timeout=DEFAULT_TIMEOUT_S):
+    """run_script's run, in this process and on the CPU (--no-cuda): no interpreter to start and nothing to import
+    again, seconds less a run. Returns a CompletedProcess: exit status 0, or the code of the run's SystemExit, and what
+    the run printed from Python. env: OMP_NUM_THREADS alone, taken as torch's thread count for the run."""
+    env = dict(env or {})
+    threads = int(env.pop("OMP_NUM_THREADS", torch.get_num_threads()))
+    assert not env, f"a run in this process cannot take these environment variables: {sorted(env)}"
+    path = script_path(name)
+    argv = [str(path), *map(str, flags), "--no-cuda"]
+    stdout, stderr, returncode = io.StringIO(), io.StringIO(), 0
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with _command_line(argv), _time_limit(timeout, " ".join(argv)):
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as exit_:
+        returncode = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    finally:
+        torch.set_num_threads(saved_threads)
+    return subprocess.CompletedProcess(argv, returncode, stdout.getvalue(), stderr.getvalue())
+
+
 @contextlib.contextmanager
 def one_torch_thread():
     """torch on one thread in this process (a run in process included), restored afterwards."""
@@ -710,13 +733,14 @@ def check_result(result, name, algo, seed, compile_, tiny=TINY_RUN, device="cpu"
     assert is_number(result["final_return"]) and low < result["final_return"] <= high, result["final_return"]
 
 
-def check_plain_results_line_is_appended(plain, algo, tmp_path, tiny=TINY_RUN):
+def check_plain_results_line_is_appended(plain, algo, tmp_path, tiny=TINY_RUN, in_process=True):
     """Two runs of the plain script, on run.sh's tiny budget of its pair, append two results lines, in order, and
-    print a summary line."""
+    print a summary line. In this process unless told (the distributed pair's world of one runs in a subprocess)."""
     check_tiny_run_is_run_sh(plain, tiny)
+    run = run_script_in_process if in_process else run_script
     results = tmp_path / "results.jsonl"
     for count, seed in enumerate((1, 2), start=1):
-        completed = run_script(plain, *tiny.flags, "--seed", seed, "--results-path", results, env=tiny.env)
+        completed = run(plain, *tiny.flags, "--seed", seed, "--results-path", results, env=tiny.env)
         assert completed.returncode == 0, describe(completed)
         assert tiny.env_id in completed.stdout.strip().splitlines()[-1], "no summary line"
         lines = read_results(results)
@@ -725,14 +749,15 @@ def check_plain_results_line_is_appended(plain, algo, tmp_path, tiny=TINY_RUN):
     assert [line["seed"] for line in read_results(results)] == [1, 2]
 
 
-def check_twin_runs_with_every_flag_combination(twin, algo, tmp_path, tiny=TINY_RUN):
+def check_twin_runs_with_every_flag_combination(twin, algo, tmp_path, tiny=TINY_RUN, in_process=True):
     """On the CPU, the twin runs with no flag, --compile, --cudagraphs and both, on run.sh's tiny budget of its pair;
-    cudagraphs fall back with one line."""
+    cudagraphs fall back with one line. In this process unless told, as check_plain_results_line_is_appended."""
     check_tiny_run_is_run_sh(twin, tiny)
+    run = run_script_in_process if in_process else run_script
     results = tmp_path / "results.jsonl"
     combinations = [(), ("--compile",), ("--cudagraphs",), ("--compile", "--cudagraphs")]
     for count, flags in enumerate(combinations, start=1):
-        completed = run_script(twin, *tiny.flags, "--seed", "1", "--results-path", results, *flags, env=tiny.env)
+        completed = run(twin, *tiny.flags, "--seed", "1", "--results-path", results, *flags, env=tiny.env)
         assert completed.returncode == 0, f"flags {flags}: {describe(completed)}"
         assert "Traceback" not in completed.stderr, describe(completed)
         assert tiny.env_id in completed.stdout.strip().splitlines()[-1], "no summary line"
