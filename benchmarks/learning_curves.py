@@ -399,6 +399,7 @@ def record_run(script, flags, options):
             checkpoint_flags += ["--resume", str(model)]
             say(f"seed {seed}: resumed at step {step} from {model}")
     start_step = before["resumed_at"][-1] if before["resumed_at"] else 0
+    pair = script.stem.removesuffix("_torchcompile")
     sys.path.insert(0, str(script.parent))  # scripts import run_utils from their folder
     # This process ends with the run: nothing to undo.
     recording = start_recording(script.read_text(), start_step, before["wall_seconds"])
@@ -411,7 +412,13 @@ def record_run(script, flags, options):
         if isinstance(obj, dict) and "global_step" in obj:  # the script's checkpoint: the episodes go with it
             log = max(recording.logs, key=lambda log: log.steps)  # the training env's: the one that stepped most
             episodes = before["episodes"] + log.episodes
-            partial.write_text(json.dumps({**before, "episodes": episodes, "wall_seconds": recording.seconds()}))
+            # With what a record says of its run, up to the checkpoint's step: `plot` draws a copy of it as a run in
+            # progress (its steps short of its total_timesteps).
+            run = {"script": script.name, "script_path": shown_path(script), "algo": ALGOS.get(pair, pair),
+                   "env_id": obj["env_id"], "seed": seed, "flags": flags, "world_size": world_size,
+                   "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "machine": describe_machine(),
+                   "total_timesteps": obj["total_timesteps"], "steps": obj["global_step"]}  # fmt: skip
+            partial.write_text(json.dumps({**run, **before, "episodes": episodes, "wall_seconds": recording.seconds()}))
 
     torch.save = save_with_episodes
     try:
@@ -461,7 +468,6 @@ def record_run(script, flags, options):
         random_returns = random_policy_returns(recording.remake, options.random_games, seed)
 
     threads = os.environ.get("OMP_NUM_THREADS")
-    pair = script.stem.removesuffix("_torchcompile")
     record = {
         "script": script.name,
         "script_path": shown_path(script),
@@ -655,6 +661,8 @@ def steps_axes(ax, algo, env_id, runs, window, reach):
         mean, spread = curves.mean(axis=0), curves.std(axis=0)
         seeds = ", ".join(str(record["seed"]) for record in records)
         label = f"{run_name(*run)} (seed{'s' * (len(records) > 1)} {seeds})"
+        if any(record["steps"] < record["total_timesteps"] for record in records):
+            label += ", in progress"
         label = textwrap.fill(label, 100)  # a long line of flags would widen the legend and squeeze the axes
         ax.plot(grid, mean, color=color, label=label)
         ax.fill_between(grid, mean - spread, mean + spread, color=color, alpha=0.2, linewidth=0)
@@ -837,10 +845,11 @@ def table(panels, window, image, plot_command, reach=None):
                 cells = [f"{reference.step:,}", run, *ours(records, reference.step, count), f"last {count} episodes"]
                 cells += [f"{reference.value:g} ± {reference.spread:g} ({reference.seeds} seeds)", reference.kind]
                 lines.append(row(*cells, f"{reference.details}, {reference.env_id}"))
-            budget = records[0]["total_timesteps"]
-            if budget not in {reference.step for reference in published}:
-                cells = [f"{budget:,} (end)", run, *ours(records, budget, window), f"last {window} episodes"]
-                lines.append(row(*cells, "–", "–", "–"))
+            budget, reached = records[0]["total_timesteps"], min(record["steps"] for record in records)
+            end = min(budget, reached)  # a run in progress: as far as it has got
+            if end not in {reference.step for reference in published}:
+                step = f"{end:,} (end)" if end == budget else f"{end:,} (in progress, of {budget:,})"
+                lines.append(row(step, run, *ours(records, end, window), f"last {window} episodes", "–", "–", "–"))
         versions = sorted({reference.env_id for reference in published} - {env_id})
         if versions:
             lines += ["", f"The published figures are on {', '.join(versions)}; ours on {env_id}."]

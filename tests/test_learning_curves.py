@@ -116,6 +116,14 @@ def test_an_interrupted_seed_goes_on_from_its_checkpoint(tmp_path):
     saved = json.loads(partial.read_text())  # the first sitting's episodes, with its seconds, and its wall time
     first_sitting = [episode for episode in saved["episodes"] if episode[0] <= step]
     assert len(first_sitting) >= 2 and len(seconds(saved)) == len(saved["episodes"])
+    # A copy of that file (without the dot) is a record of the run so far: plot draws it as a run in progress.
+    assert (saved["seed"], saved["steps"], saved["total_timesteps"]) == (1, step, 1200), saved
+    so_far = tmp_path / "so_far"
+    so_far.mkdir()
+    (so_far / name).write_text(partial.read_text())
+    drawn = run_tool("plot", so_far)
+    assert drawn.returncode == 0, describe(drawn)
+    assert f"| {step:,} (in progress, of 1,200) | `sac_continuous_action.py" in (so_far / "curves.md").read_text()
 
     second = run_tool(*command[2:])
     assert second.returncode == 0, describe(second)
