@@ -110,7 +110,7 @@ if __name__ == "__main__":
         cuda = torch.device("cuda")
         script_args, envs = make_envs("ppo_atari_envpool")
         frames_shape = (script_args.num_envs, *envs.observation_space.shape)
-        frames_to_device = load_script("ppo_atari_envpool_torchcompile").make_frames_to_device(frames_shape, cuda)
+        frames_to_device = load_script("run_utils").make_frames_to_device(frames_shape, cuda)
         copies = {
             "envs alone": None,
             "+ frames to the GPU, pageable (torch.as_tensor)": lambda obs: torch.as_tensor(obs, device=cuda),

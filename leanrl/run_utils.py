@@ -347,6 +347,24 @@ class EvalGame:
         self.envs.close()
 
 
+def make_frames_to_device(shape, device):
+    """A function that gives envpool's uint8 frames (of this shape) as a tensor on the device, for the Atari twins: on
+    the CPU the env's own array (no copy), on a GPU a copy through one buffer pinned once (pinning each step's frames
+    cost 2.7 ms a step on an H200 machine)."""
+    if device.type != "cuda":
+        return torch.from_numpy
+    # From pinned memory the transfer runs on its own (non_blocking) while the host goes on to launch the policy.
+    pinned_frames, copied = torch.empty(shape, dtype=torch.uint8, pin_memory=True), torch.cuda.Event()
+
+    def frames_to_device(frames):
+        copied.synchronize()  # the last transfer has read the buffer (in a rollout at once: the action's copy waited)
+        on_device = pinned_frames.copy_(torch.from_numpy(frames)).to(device, non_blocking=True)
+        copied.record()
+        return on_device
+
+    return frames_to_device
+
+
 class Run:
     """A training run's mechanics around a script's loop: the checks and the checkpoint it resumes before the first
     step, the seeds, the signals, the clock of the sps meter, the episodes' returns, the progress bar and the logs,
