@@ -400,6 +400,11 @@ def record_run(script, flags, options):
             say(f"seed {seed}: resumed at step {step} from {model}")
     start_step = before["resumed_at"][-1] if before["resumed_at"] else 0
     pair = script.stem.removesuffix("_torchcompile")
+    threads = os.environ.get("OMP_NUM_THREADS")
+    # What a record says of its run, but for what the run itself gives: written with each checkpoint too.
+    identity = {"script": script.name, "script_path": shown_path(script), "algo": ALGOS.get(pair, pair),
+                "seed": seed, "flags": flags, "world_size": world_size, "omp_num_threads": threads,
+                "machine": describe_machine()}  # fmt: skip
     sys.path.insert(0, str(script.parent))  # scripts import run_utils from their folder
     # This process ends with the run: nothing to undo.
     recording = start_recording(script.read_text(), start_step, before["wall_seconds"])
@@ -414,11 +419,10 @@ def record_run(script, flags, options):
             episodes = before["episodes"] + log.episodes
             # With what a record says of its run, up to the checkpoint's step: `plot` draws a copy of it as a run in
             # progress (its steps short of its total_timesteps).
-            run = {"script": script.name, "script_path": shown_path(script), "algo": ALGOS.get(pair, pair),
-                   "env_id": obj["env_id"], "seed": seed, "flags": flags, "world_size": world_size,
-                   "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "machine": describe_machine(),
-                   "total_timesteps": obj["total_timesteps"], "steps": obj["global_step"]}  # fmt: skip
-            partial.write_text(json.dumps({**run, **before, "episodes": episodes, "wall_seconds": recording.seconds()}))
+            so_far = {"env_id": obj["env_id"], "total_timesteps": obj["total_timesteps"], "steps": obj["global_step"]}
+            partial.write_text(
+                json.dumps({**identity, **so_far, **before, "episodes": episodes, "wall_seconds": recording.seconds()})
+            )
 
     torch.save = save_with_episodes
     try:
@@ -467,19 +471,11 @@ def record_run(script, flags, options):
     if recording.remake and options.random_games:
         random_returns = random_policy_returns(recording.remake, options.random_games, seed)
 
-    threads = os.environ.get("OMP_NUM_THREADS")
     record = {
-        "script": script.name,
-        "script_path": shown_path(script),
-        "algo": ALGOS.get(pair, pair),
+        **identity,
         "env_id": args.env_id,
-        "seed": seed,
-        "flags": flags,
-        "world_size": world_size,
         "command": (f"OMP_NUM_THREADS={threads} " if threads else "")
         + shlex.join([*launcher(world_size), shown_path(script), *flags, "--seed", str(seed)]),
-        "omp_num_threads": threads,
-        "machine": describe_machine(),
         "device": str(run.device),
         "total_timesteps": budget,
         "steps": steps,
@@ -849,7 +845,8 @@ def table(panels, window, image, plot_command, reach=None):
             end = min(budget, reached)  # a run in progress: as far as it has got
             if end not in {reference.step for reference in published}:
                 step = f"{end:,} (end)" if end == budget else f"{end:,} (in progress, of {budget:,})"
-                lines.append(row(step, run, *ours(records, end, window), f"last {window} episodes", "–", "–", "–"))
+                cells = [step, run, *ours(records, end, window), f"last {window} episodes"]
+                lines.append(row(*cells, "–", "–", "–"))
         versions = sorted({reference.env_id for reference in published} - {env_id})
         if versions:
             lines += ["", f"The published figures are on {', '.join(versions)}; ours on {env_id}."]
