@@ -384,39 +384,6 @@ def test_twin_eager_update_matches_plain(device):
         assert acting.data_ptr() == parameter.data_ptr(), f"the acting copy of {path} has its own storage"
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_twin_frames_reach_the_device_unchanged(device):
-    """run_utils.make_frames_to_device, as the Atari twins use it, gives the env's uint8 frames on the device. On the CPU: the env's own array (no copy). On a
-    GPU: a copy through one pinned buffer that returns before it is done (non_blocking), which two writes could reach
-    while it is in flight: the env's next step, which writes the array the frames came in, and the next call, which
-    writes the buffer. Here the device's stream is held up by a spin kernel, so that the first copy is still queued
-    when the env's array is overwritten and the next calls are made."""
-    batches = [np.random.default_rng(seed).integers(0, 256, (8, 4, 84, 84), dtype=np.uint8) for seed in range(4)]
-    frames_to_device = load_script("run_utils").make_frames_to_device(batches[0].shape, torch.device(device))
-    if device == "cpu":
-        on_device = frames_to_device(batches[0])
-        assert on_device.dtype == torch.uint8 and on_device.device.type == "cpu"
-        assert on_device.data_ptr() == batches[0].ctypes.data
-        return
-    stream = torch.cuda.current_stream()
-    env_frames = batches[0].copy()  # the env's array: each step writes its frames there
-    torch.cuda._sleep(10**9)  # about half a second of spinning: the first copy waits behind it
-    on_device = [frames_to_device(env_frames)]
-    in_flight = not stream.query()
-    env_frames[:] = 0
-    for frames in batches[1:]:
-        env_frames[:] = frames
-        on_device.append(frames_to_device(env_frames))
-    env_frames[:] = 0
-    torch.cuda.synchronize()
-    assert in_flight, (
-        "frames_to_device waited for the device: its copy is not asynchronous, and the test proves nothing"
-    )
-    for copied, frames in zip(on_device, batches, strict=True):
-        assert copied.dtype == torch.uint8 and copied.device.type == "cuda"
-        assert torch.equal(copied.cpu(), torch.from_numpy(frames))
-
-
 # --- 4. Flags -------------------------------------------------------------------------------------------------------
 
 

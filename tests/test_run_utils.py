@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import run_utils
 import torch
-from conftest import SCRIPTS_DIR, _command_line, assert_same_state, check_bad_input_in_process
+from conftest import DEVICES, SCRIPTS_DIR, _command_line, assert_same_state, check_bad_input_in_process
 from tensordict import from_modules
 
 SCRIPTS = sorted(path.stem for path in SCRIPTS_DIR.glob("*.py") if path.stem != "run_utils")
@@ -215,3 +215,36 @@ def test_halfcheetah_is_made_without_mujocos_settotalmass_warning_and_with_the_s
     result = json.loads(done.stdout)
     assert result["arrays"] > 400 and result["differ"] == [] and result["same_model"] and result["same_steps"]
     assert not result["log_written"]  # nor is the warning appended to MUJOCO_LOG.TXT in the working folder
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_atari_frames_reach_the_device_unchanged(device):
+    """make_frames_to_device, as the Atari twins use it, gives the env's uint8 frames on the device. On the CPU: the
+    env's own array (no copy). On a GPU: a copy through one pinned buffer that returns before it is done
+    (non_blocking), which two writes could reach while it is in flight: the env's next step, which writes the array
+    the frames came in, and the next call, which writes the buffer. Here the device's stream is held up by a spin
+    kernel, so that the first copy is still queued when the env's array is overwritten and the next calls are made."""
+    batches = [np.random.default_rng(seed).integers(0, 256, (8, 4, 84, 84), dtype=np.uint8) for seed in range(4)]
+    frames_to_device = run_utils.make_frames_to_device(batches[0].shape, torch.device(device))
+    if device == "cpu":
+        on_device = frames_to_device(batches[0])
+        assert on_device.dtype == torch.uint8 and on_device.device.type == "cpu"
+        assert on_device.data_ptr() == batches[0].ctypes.data
+        return
+    stream = torch.cuda.current_stream()
+    env_frames = batches[0].copy()  # the env's array: each step writes its frames there
+    torch.cuda._sleep(10**9)  # about half a second of spinning: the first copy waits behind it
+    on_device = [frames_to_device(env_frames)]
+    in_flight = not stream.query()
+    env_frames[:] = 0
+    for frames in batches[1:]:
+        env_frames[:] = frames
+        on_device.append(frames_to_device(env_frames))
+    env_frames[:] = 0
+    torch.cuda.synchronize()
+    assert in_flight, (
+        "frames_to_device waited for the device: its copy is not asynchronous, and the test proves nothing"
+    )
+    for copied, frames in zip(on_device, batches, strict=True):
+        assert copied.dtype == torch.uint8 and copied.device.type == "cuda"
+        assert torch.equal(copied.cpu(), torch.from_numpy(frames))
