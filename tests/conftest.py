@@ -127,13 +127,27 @@ def _time_limit(seconds, what):
 
 @contextlib.contextmanager
 def _command_line(argv):
-    """sys.argv as a script run in this process sees it, restored afterwards."""
-    saved_argv = sys.argv
+    """sys.argv as a script run in this process sees it, restored afterwards, and sys.excepthook (a distributed
+    script sets its own)."""
+    saved_argv, saved_excepthook = sys.argv, sys.excepthook
     sys.argv = argv
     try:
         yield
     finally:
-        sys.argv = saved_argv
+        sys.argv, sys.excepthook = saved_argv, saved_excepthook
+
+
+def _run_main(name, flags, timeout, cuda):
+    """Run a script's `__main__` block in this process with these flags (and --no-cuda without cuda=True); returns
+    its command line and its globals. A SystemExit of the script goes through, its command line in .argv."""
+    path = script_path(name)
+    argv = [str(path), *map(str, flags), *(() if cuda else ("--no-cuda",))]
+    try:
+        with _command_line(argv), _time_limit(timeout, " ".join(argv)):
+            return argv, runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as exit_:
+        exit_.argv = argv
+        raise
 
 
 def run_in_process(name, *flags, timeout=DEFAULT_TIMEOUT_S, cuda=False):
@@ -142,13 +156,10 @@ def run_in_process(name, *flags, timeout=DEFAULT_TIMEOUT_S, cuda=False):
     Without cuda=True the run gets --no-cuda: it runs on the CPU on any machine.
     A script that exits (bad flags, non-finite loss) fails the calling test with its exit code.
     """
-    path = script_path(name)
-    argv = [str(path), *map(str, flags), *(() if cuda else ("--no-cuda",))]
     try:
-        with _command_line(argv), _time_limit(timeout, " ".join(argv)):
-            run_globals = runpy.run_path(str(path), run_name="__main__")
+        _, run_globals = _run_main(name, flags, timeout, cuda)
     except SystemExit as exit_:
-        pytest.fail(f"{' '.join(argv)} exited with {exit_.code!r}")
+        pytest.fail(f"{' '.join(exit_.argv)} exited with {exit_.code!r}")
     if "run" in run_globals:  # the returns the run's mechanics collected, where the tests look for them
         run_globals["episode_returns"] = run_globals["run"].episode_returns
     return run_globals
@@ -161,17 +172,14 @@ def run_script_in_process(name, *flags, env=None, timeout=DEFAULT_TIMEOUT_S):
     env = dict(env or {})
     threads = int(env.pop("OMP_NUM_THREADS", torch.get_num_threads()))
     assert not env, f"a run in this process cannot take these environment variables: {sorted(env)}"
-    path = script_path(name)
-    argv = [str(path), *map(str, flags), "--no-cuda"]
     stdout, stderr, returncode = io.StringIO(), io.StringIO(), 0
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        with _command_line(argv), _time_limit(timeout, " ".join(argv)):
-            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-                runpy.run_path(str(path), run_name="__main__")
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            argv, _ = _run_main(name, flags, timeout, cuda=False)
     except SystemExit as exit_:
-        returncode = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        argv, returncode = exit_.argv, exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
     finally:
         torch.set_num_threads(saved_threads)
     return subprocess.CompletedProcess(argv, returncode, stdout.getvalue(), stderr.getvalue())
@@ -733,14 +741,13 @@ def check_result(result, name, algo, seed, compile_, tiny=TINY_RUN, device="cpu"
     assert is_number(result["final_return"]) and low < result["final_return"] <= high, result["final_return"]
 
 
-def check_plain_results_line_is_appended(plain, algo, tmp_path, tiny=TINY_RUN, in_process=True):
+def check_plain_results_line_is_appended(plain, algo, tmp_path, tiny=TINY_RUN):
     """Two runs of the plain script, on run.sh's tiny budget of its pair, append two results lines, in order, and
-    print a summary line. In this process unless told (the distributed pair's world of one runs in a subprocess)."""
+    print a summary line. In this process (run_script_in_process)."""
     check_tiny_run_is_run_sh(plain, tiny)
-    run = run_script_in_process if in_process else run_script
     results = tmp_path / "results.jsonl"
     for count, seed in enumerate((1, 2), start=1):
-        completed = run(plain, *tiny.flags, "--seed", seed, "--results-path", results, env=tiny.env)
+        completed = run_script_in_process(plain, *tiny.flags, "--seed", seed, "--results-path", results, env=tiny.env)
         assert completed.returncode == 0, describe(completed)
         assert tiny.env_id in completed.stdout.strip().splitlines()[-1], "no summary line"
         lines = read_results(results)
@@ -749,15 +756,16 @@ def check_plain_results_line_is_appended(plain, algo, tmp_path, tiny=TINY_RUN, i
     assert [line["seed"] for line in read_results(results)] == [1, 2]
 
 
-def check_twin_runs_with_every_flag_combination(twin, algo, tmp_path, tiny=TINY_RUN, in_process=True):
+def check_twin_runs_with_every_flag_combination(twin, algo, tmp_path, tiny=TINY_RUN):
     """On the CPU, the twin runs with no flag, --compile, --cudagraphs and both, on run.sh's tiny budget of its pair;
-    cudagraphs fall back with one line. In this process unless told, as check_plain_results_line_is_appended."""
+    cudagraphs fall back with one line. In this process, as check_plain_results_line_is_appended."""
     check_tiny_run_is_run_sh(twin, tiny)
-    run = run_script_in_process if in_process else run_script
     results = tmp_path / "results.jsonl"
     combinations = [(), ("--compile",), ("--cudagraphs",), ("--compile", "--cudagraphs")]
     for count, flags in enumerate(combinations, start=1):
-        completed = run(twin, *tiny.flags, "--seed", "1", "--results-path", results, *flags, env=tiny.env)
+        completed = run_script_in_process(
+            twin, *tiny.flags, "--seed", "1", "--results-path", results, *flags, env=tiny.env
+        )
         assert completed.returncode == 0, f"flags {flags}: {describe(completed)}"
         assert "Traceback" not in completed.stderr, describe(completed)
         assert tiny.env_id in completed.stdout.strip().splitlines()[-1], "no summary line"

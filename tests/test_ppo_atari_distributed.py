@@ -404,8 +404,8 @@ TINY = run_sh_tiny_run(PLAIN, "Breakout-v5", (-1, 10_000), env={"OMP_NUM_THREADS
 
 
 def test_plain_results_line_is_appended(tmp_path):
-    check_plain_results_line_is_appended(PLAIN, "ppo_atari_distributed", tmp_path, tiny=TINY, in_process=False)
+    check_plain_results_line_is_appended(PLAIN, "ppo_atari_distributed", tmp_path, tiny=TINY)
 
 
 def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
-    check_twin_runs_with_every_flag_combination(TWIN, "ppo_atari_distributed", tmp_path, tiny=TINY, in_process=False)
+    check_twin_runs_with_every_flag_combination(TWIN, "ppo_atari_distributed", tmp_path, tiny=TINY)
