@@ -190,7 +190,7 @@ def test_a_distributed_script_in_a_world_of_processes_and_the_random_policy(proc
     multiple of the envs stepped together; the last-20 mean is the script's final return; no rank file is left.
     --random-games: a random policy's games of the same Atari game, scored alike."""
     num_envs, num_steps, total = 8, 128, 4096  # the script's default envs and rollout: 4 iterations
-    flags = ["--env-id", "Asterix-v5", "--total-timesteps", str(total)]
+    flags = ["--env-id", "Asterix-v5", "--total-timesteps", str(total), "--update-epochs", "1"]  # 1 epoch: quicker
     script = "ppo_atari_envpool_distributed"
     completed = run_tool("run", "--script", script, "--processes", processes, "--random-games", 2, "--seeds", 1,
                          "--out", tmp_path, "--", *flags)  # fmt: skip

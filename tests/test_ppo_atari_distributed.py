@@ -19,6 +19,7 @@ import time
 import envpool
 import numpy as np
 import pytest
+import run_utils
 import torch
 import torch.distributed as dist
 from conftest import (
@@ -65,6 +66,7 @@ WORLD_OF_ONE_RUN = ("--env-id", "Asterix-v5", "--num-envs", "2", "--num-steps", 
 WORLD_OF_TWO_RUN = ("--env-id", "Asterix-v5", "--num-envs", "4", "--num-steps", "64", "--total-timesteps", "1024",
                     "--num-minibatches", "2", "--update-epochs", "2", "--seed", "1")  # fmt: skip
 ITERATIONS, EPOCHS, MINIBATCHES = 4, 2, 2
+SAVED_AND_EVALUATED = ("--save-model", "--eval-episodes", "1")
 
 
 @pytest.fixture(autouse=True)
@@ -174,10 +176,13 @@ def run_ranks(tmp_path_factory):
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_ranks_keep_the_same_parameters_while_playing_other_games(name, run_ranks):
     """After 4 iterations the two ranks hold the same parameters and Adam step counts, and report the same (global)
-    returns, while their envs, seeded as envs 0-1 and 2-3 of a single process, saw other frames."""
-    (rank0, rank1), _ = run_ranks(name)
+    returns, while their envs, seeded as envs 0-1 and 2-3 of a single process, saw other frames. (The run saves and
+    evaluates its agent after training, as test_rank_zero_alone_writes_results_and_checkpoint... needs: one world of
+    two serves both.)"""
+    (rank0, rank1), _ = run_ranks(name, *SAVED_AND_EVALUATED)
     assert rank0["status"] == rank1["status"] == 0
-    assert (rank0["env_seeds"], rank1["env_seeds"]) == ([1], [3])
+    # Rank 0 alone then makes the evaluation env, seeded apart from every training env.
+    assert (rank0["env_seeds"], rank1["env_seeds"]) == ([1, 1 + run_utils.EVAL_SEED_OFFSET], [3])
     assert not torch.equal(rank0["rollout_obs"], rank1["rollout_obs"]), "both ranks saw the same frames"
     assert_same_state(rank1["params"], rank0["params"], "parameters of rank 1 and rank 0")
     assert rank0["optimizer_steps"] == rank1["optimizer_steps"] == [ITERATIONS * EPOCHS * MINIBATCHES]
@@ -198,7 +203,7 @@ def test_rank_zero_alone_writes_results_and_checkpoint_that_the_single_process_s
     """One results line (rank 0's) with world_size 2 and the global step count; one checkpoint, in the layout of the
     single-process pair: the single-process plain script evaluates it (a finished run: it trains nothing) with the
     eval return the world of two reported, and saves back every entry it read unchanged."""
-    _, out = run_ranks(PLAIN, "--save-model", "--eval-episodes", "1")
+    _, out = run_ranks(PLAIN, *SAVED_AND_EVALUATED)
     (result,) = read_results(out / "results.jsonl")
     assert result["world_size"] == 2 and result["steps_done"] == ITERATIONS * 4 * 64, result
     assert result["script"] == f"{PLAIN}.py" and result["model_path"] == str(out / "agent.pt"), result
