@@ -1043,9 +1043,10 @@ def check_signal_stops_the_run(name, flags, signum, tmp_path, total_timesteps=10
 
     # The resumed run ends 50 steps on, a budget other than the interrupted run's: a script whose schedule is computed
     # from the budget refuses that (test_run_rules.py), so the checkpoint is given it, as if the run had been made so.
+    # It runs in this process: what it checks is the checkpoint, not the signal.
     finish = result["steps_done"] + 50
     torch.save({**load_checkpoint(model), "total_timesteps": finish}, model)
-    completed = run_script(name, *flags, "--total-timesteps", finish, "--resume", model, "--save-model",
+    completed = run_script_in_process(name, *flags, "--total-timesteps", finish, "--resume", model, "--save-model",
                            "--eval-episodes", "1", "--results-path", results)  # fmt: skip
     assert completed.returncode == 0, describe(completed)
     resumed = read_results(results)[-1]

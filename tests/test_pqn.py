@@ -43,7 +43,7 @@ from conftest import (
     requires_cuda,
     run_in_process,
     run_in_process_until,
-    run_script,
+    run_script_in_process,
     run_sh_tiny_run,
     script_path,
     sync_,
@@ -522,7 +522,10 @@ def test_signal_stops_the_run_with_a_checkpoint_and_it_resumes(tmp_path):
     assert result["interrupted"] is True and 0 < result["steps_done"] < total, result
     assert load_checkpoint(model)["global_step"] == result["steps_done"]
 
-    completed = run_script(name, *flags[:-4], "--resume", model, "--eval-episodes", 1, "--results-path", results)
+    # The resume runs in this process: what it checks is the checkpoint, not the signal.
+    completed = run_script_in_process(
+        name, *flags[:-4], "--resume", model, "--eval-episodes", 1, "--results-path", results
+    )
     assert completed.returncode == 0, describe(completed)
     resumed = read_results(results)[-1]
     assert resumed["steps_done"] == total and not resumed["interrupted"] and resumed["eval_return"] > 0, resumed
