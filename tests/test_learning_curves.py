@@ -189,8 +189,7 @@ def test_a_distributed_script_in_a_world_of_processes_and_the_random_policy(proc
     order the script reports them (checked against its returns, or no record), each at the global step it ended, a
     multiple of the envs stepped together; the last-20 mean is the script's final return; no rank file is left.
     --random-games: a random policy's games of the same Atari game, scored alike."""
-    # The script's default envs and rollout, 3 iterations: games end in the second and third (from step 1520).
-    num_envs, num_steps, total = 8, 128, 3072
+    num_envs, num_steps, total = 8, 128, 4096  # the script's default envs and rollout: 4 iterations
     flags = ["--env-id", "Asterix-v5", "--total-timesteps", str(total), "--update-epochs", "1"]  # 1 epoch: quicker
     script = "ppo_atari_envpool_distributed"
     completed = run_tool("run", "--script", script, "--processes", processes, "--random-games", 2, "--seeds", 1,
