@@ -1047,7 +1047,7 @@ def check_signal_stops_the_run(name, flags, signum, tmp_path, total_timesteps=10
     finish = result["steps_done"] + 50
     torch.save({**load_checkpoint(model), "total_timesteps": finish}, model)
     completed = run_script_in_process(name, *flags, "--total-timesteps", finish, "--resume", model, "--save-model",
-                           "--eval-episodes", "1", "--results-path", results)  # fmt: skip
+                                      "--eval-episodes", "1", "--results-path", results)  # fmt: skip
     assert completed.returncode == 0, describe(completed)
     resumed = read_results(results)[-1]
     assert (resumed["interrupted"], resumed["model_path"]) == (False, str(model)), resumed
