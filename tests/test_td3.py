@@ -46,19 +46,20 @@ def build(module, device="cpu", seed=0, **arg_overrides):
 
 # --- 1. Learning ----------------------------------------------------------------------------------------------
 
-# Seed 1 is not cherry-picked. The plain script: the mean of its last 10 returns at the end of its budget (65
-# episodes) is -149 (seed 1) and -157 (seed 2). Both first pass -300 at episode 38; seed 1 stays above it, seed 2 dips
-# to -452 at episode 51 (TD3 dips for a while after it first solves the task) and stays above it from episode 58 on
-# (-191 at episode 75, the earlier budget; -348 at 50, too short a budget). TD3's run does not depend on its budget (no
-# schedule): those are the episodes of 15,000-step runs. The twin with --compile on 4 envs with 4 gradient steps an
-# iteration, saved at half its budget and resumed: -160 and -236 at the end (the best 10 consecutive of the resumed
-# half: -111 and -137); on one env it gave -173 and -147 (best 10: -115 and -112) (2-core AMD EPYC VM, 1 thread).
+# Seed 1 is not cherry-picked: seeds 1 and 2 both pass. The runs take batches of 128 (the default is 256): half the
+# matrix work, and the returns at the default batch are the learning curves' business (docs/curves/td3.md); at 64,
+# seed 2 only just crossed, at episode 47. At batch 128 the plain script's mean of 10 first passes -300 at episode 38
+# for both seeds (as at 256) of its budget of 65; the twin with --compile on 4 envs with 4 gradient steps an
+# iteration, saved at half its budget and resumed, passes it at the 10th and 17th episodes after the resume (seeds 1
+# and 2) of its 36 (2-core AMD EPYC VM, 1 thread). At batch 256 the plain script's last 10 at episode 65 were -149 and
+# -157; seed 2 dipped to -452 at episode 51 (TD3 dips for a while after it first solves the task) and stayed above
+# the threshold from episode 58 on.
 # What the test asks: that the mean of 10 consecutive episodes (of the resumed half, for the twin) pass the threshold
-# within the budget; each run stops at the episode that brings them there (about episode 38 of the plain script's
-# 65), as the rest of the budget could not change that verdict. (It asked before that the plain script's last 10 of
-# the budget be above it: seed 1 stays above it once there, but that is no longer checked on each run.)
+# within the budget; each run stops at the episode that brings them there, as the rest of the budget could not change
+# that verdict.
 LEARNING_SEED = 1
 LEARNING_STARTS = 1000
+LEARNING_BATCH_SIZE = 128
 LEARNING_STEPS = {PLAIN: 13000, TWIN: 15000}
 LEARNING_THRESHOLD = -300.0  # random policy: about -1200 on Pendulum-v1; a solved one: about -150
 
@@ -74,10 +75,10 @@ def test_learns_pendulum(name, flags, num_envs, resumed, tmp_path):
     with several envs and across a resume (what a checkpoint holds is checked entry by entry in
     test_resume_continues_the_run)."""
     # The resumed half starts a new episode on a new env seed, so it is another draw of TD3's learning, which dips for
-    # a while after it first solves the task (seed 2 to -397 mid-way): 10 consecutive episodes above the threshold,
+    # a while after it first solves the task (at batch 256, seed 2 to -397 mid-way): 10 consecutive episodes above the threshold,
     # anywhere in the resumed half. Each run stops at the episode that brings them there: the rest could not change
     # that.
-    flags = ("--seed", LEARNING_SEED, "--learning-starts", LEARNING_STARTS, *flags)
+    flags = ("--seed", LEARNING_SEED, "--learning-starts", LEARNING_STARTS, "--batch-size", LEARNING_BATCH_SIZE, *flags)
     check_learns_pendulum(name, flags, LEARNING_STEPS[name], num_envs, resumed, tmp_path, LEARNING_THRESHOLD)
 
 
