@@ -112,8 +112,8 @@ def test_rpc_worlds_and_the_in_process_batch_report_their_batches_and_percentile
                     assert figures["agent_latency_s"][p] == figures["forward_s"][p], what
             # every forward here has the same batch (asserted below), so a throughput taken forward by forward
             # has its median at or above the batch over the latency's 75th percentile (test_summary: exact values)
-            b = figures["states_per_forward"]
-            assert figures["agent_throughput"]["p50"] >= b / figures["agent_latency_s"]["p75"] * (1 - 1e-12), what
+            batch = figures["states_per_forward"]
+            assert figures["agent_throughput"]["p50"] >= batch / figures["agent_latency_s"]["p75"] * (1 - 1e-12), what
             assert figures["observer_throughput"]["p50"] >= 1 / figures["observer_latency_s"]["p75"] * (1 - 1e-12), what
             assert figures["states"] == figures["env_steps"] == steps * observers, what
             assert figures["env_steps_per_s"] > 0 and figures["wall_s"] > 0, what
