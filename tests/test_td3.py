@@ -74,10 +74,10 @@ def test_learns_pendulum(name, flags, num_envs, resumed, tmp_path):
     iteration (as many updates as one env makes), and is saved at half the budget and resumed in a new run: it learns
     with several envs and across a resume (what a checkpoint holds is checked entry by entry in
     test_resume_continues_the_run)."""
-    # The resumed half starts a new episode on a new env seed, so it is another draw of TD3's learning, which dips for
-    # a while after it first solves the task (at batch 256, seed 2 to -397 mid-way): 10 consecutive episodes above the threshold,
-    # anywhere in the resumed half. Each run stops at the episode that brings them there: the rest could not change
-    # that.
+    # The resumed half starts a new episode on a new env seed, so it is another draw of TD3's learning, which dips
+    # for a while after it first solves the task (at batch 256, seed 2 to -397 mid-way): 10 consecutive episodes
+    # above the threshold, anywhere in the resumed half. Each run stops at the episode that brings them there: the
+    # rest could not change that.
     flags = ("--seed", LEARNING_SEED, "--learning-starts", LEARNING_STARTS, "--batch-size", LEARNING_BATCH_SIZE, *flags)
     check_learns_pendulum(name, flags, LEARNING_STEPS[name], num_envs, resumed, tmp_path, LEARNING_THRESHOLD)
 
