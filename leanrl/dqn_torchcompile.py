@@ -61,25 +61,19 @@ LOG_EVERY = 100  # steps between progress-bar updates, logging and the non-finit
 # What makes the agent: a checkpoint made with other values of these is refused by --resume.
 HYPERPARAMETERS = ("learning_rate", "buffer_size", "gamma", "tau", "target_network_frequency", "batch_size", "start_e",
                    "end_e", "exploration_fraction", "learning_starts", "train_frequency")  # fmt: skip
+# Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
+DOMAINS = {"learning_rate": "> 0", "buffer_size": ">= 1", "gamma": "[0, 1]", "tau": "[0, 1]",
+           "target_network_frequency": ">= 1", "batch_size": ">= 1", "start_e": "[0, 1]", "end_e": "[0, 1]",
+           "exploration_fraction": "(0, 1]", "learning_starts": ">= 0", "train_frequency": ">= 1"}  # fmt: skip
 EVAL_EPSILON = 0.05  # the evaluation's exploration rate, as in CleanRL's DQN evaluation
 
 CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the calls before run eagerly)
 
 
 def check_args(args):
-    run_utils.check_positive(
-        args, "total_timesteps", "buffer_size", "batch_size", "target_network_frequency", "train_frequency"
-    )
-    if args.learning_starts < 0 or args.measure_burnin < 0:
-        run_utils.exit_with_error("--learning-starts and --measure-burnin must not be negative")
+    run_utils.check_domains(args, DOMAINS)
     if args.batch_size > args.buffer_size:
         run_utils.exit_with_error(f"--batch-size ({args.batch_size}) is larger than --buffer-size ({args.buffer_size})")
-    if not 0 < args.exploration_fraction <= 1:
-        run_utils.exit_with_error(f"--exploration-fraction must be in (0, 1], got {args.exploration_fraction}")
-    if not (0 <= args.start_e <= 1 and 0 <= args.end_e <= 1):
-        run_utils.exit_with_error(
-            f"--start-e and --end-e are probabilities, in [0, 1]; got {args.start_e} and {args.end_e}"
-        )
     if args.end_e > args.start_e:
         run_utils.exit_with_error(f"--end-e ({args.end_e}) is above --start-e ({args.start_e}): epsilon only goes down")
 

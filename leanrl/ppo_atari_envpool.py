@@ -66,18 +66,18 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma", "gae_lambda", "num_minibatches",
                    "update_epochs", "norm_adv", "clip_coef", "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm",
                    "target_kl")  # fmt: skip
+# Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
+DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "[0, 1]", "gae_lambda": "[0, 1]",
+           "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0", "ent_coef": ">= 0",
+           "vf_coef": ">= 0", "max_grad_norm": "> 0", "target_kl": "> 0"}  # fmt: skip
 
 
 def check_args(args):
-    run_utils.check_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
-    if args.measure_burnin < 0:
-        run_utils.exit_with_error("--measure-burnin must not be negative")
+    run_utils.check_domains(args, DOMAINS)
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
-        run_utils.exit_with_error(
-            f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
-            f"(num_envs * num_steps = {batch_size})"
-        )
+        run_utils.exit_with_error(f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
+                                  f"(num_envs * num_steps = {batch_size})")  # fmt: skip
 
 
 def make_envs(env_id, num_envs, seed):

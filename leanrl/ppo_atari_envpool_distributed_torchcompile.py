@@ -76,6 +76,10 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma", "gae_lambda", "num_minibatches",
                    "update_epochs", "norm_adv", "clip_coef", "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm",
                    "target_kl")  # fmt: skip
+# Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
+DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "[0, 1]", "gae_lambda": "[0, 1]",
+           "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0", "ent_coef": ">= 0",
+           "vf_coef": ">= 0", "max_grad_norm": "> 0", "target_kl": "> 0"}  # fmt: skip
 # How long a rank waits for the others in a collective before it gives up with an error instead of hanging
 # (a compile or an evaluation on rank 0 takes well under this).
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
@@ -84,9 +88,7 @@ CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the cal
 
 
 def check_args(args, world_size):
-    run_utils.check_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
-    if args.measure_burnin < 0:
-        run_utils.exit_with_error("--measure-burnin must not be negative")
+    run_utils.check_domains(args, DOMAINS)
     if args.num_envs % world_size != 0:
         run_utils.exit_with_error(f"a world of {world_size} processes cannot share --num-envs {args.num_envs} evenly")
     # Each rank's minibatch is its share of the global one: the global minibatch must split evenly too.

@@ -79,18 +79,43 @@ def exit_with_error(message):
     sys.exit(2)
 
 
-def check_positive(args, *names):
-    for name in names:
-        if getattr(args, name) <= 0:
-            exit_with_error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+# The domains of the numeric flags every script has (a seed: what numpy, torch and the environments all accept); a
+# script's DOMAINS gives those of its hyper-parameters.
+RUN_DOMAINS = {"seed": "[0, 2**31)", "total_timesteps": ">= 1", "measure_burnin": ">= 0", "checkpoint_every": ">= 0",
+               "eval_episodes": ">= 0"}  # fmt: skip
+
+
+def domain_bounds(domain):
+    """(low, high, low_closed, high_closed) of a domain written "> a" or ">= a", or as an interval "[a, b]" (open at
+    either end); a bound is a number or a power ("2**31")."""
+
+    def bound(text):
+        base, _, power = text.strip().partition("**")
+        return float(base) ** float(power or 1)
+
+    if domain.startswith(">"):
+        return bound(domain.lstrip(">=")), float("inf"), domain.startswith(">="), False
+    low, high = map(bound, domain[1:-1].split(","))
+    return low, high, domain[0] == "[", domain[-1] == "]"
+
+
+def in_domain(value, domain):
+    low, high, low_closed, high_closed = domain_bounds(domain)
+    return (low <= value if low_closed else low < value) and (value <= high if high_closed else value < high)
+
+
+def check_domains(args, domains):
+    """Before anything is made: every numeric flag in its domain (RUN_DOMAINS and the script's), None standing for
+    none (an optional flag), or one line naming the flag, its value and its domain, and exit status 2."""
+    for name, domain in {**RUN_DOMAINS, **domains}.items():
+        value = getattr(args, name)
+        if value is not None and not in_domain(value, domain):
+            where = f"in {domain}" if domain[0] in "[(" else domain
+            exit_with_error(f"--{name.replace('_', '-')} must be {where}, got {value}")
 
 
 def check_run_args(args):
-    """The checks of the flags every script has (each script checks its hyper-parameters first)."""
-    if not 0 <= args.seed < 2**31:  # what numpy, torch and the environments all accept
-        exit_with_error(f"--seed must be in [0, 2**31), got {args.seed}")
-    if args.checkpoint_every < 0 or args.eval_episodes < 0:
-        exit_with_error("--checkpoint-every and --eval-episodes must not be negative")
+    """The checks of the flags every script has that their domains do not say (check_domains comes first)."""
     if (args.checkpoint_every or args.capture_video) and not args.save_model:
         exit_with_error("--checkpoint-every and --capture-video need --save-model")
     if args.capture_video and not args.eval_episodes:
@@ -551,17 +576,21 @@ class Run:
 
     def finish(self, global_step, save_checkpoint, make_policy):
         """The end of the run: with --save-model the checkpoint (save_checkpoint()) and the evaluation of the agent
-        make_policy(checkpoint, env, device) -> act reads back from it; then the results line and the summary. A run
-        a signal stopped exits with status 128 + the signal's number."""
+        make_policy(checkpoint, env, device) -> act reads back from it; then the results line and the summary.
+
+        A signal cuts what is left to do, never a write under way: the training (the loop stops before its total),
+        else the evaluation (skipped, or stopped mid-episode); the checkpoint and the results line are always
+        written whole. The results line's "cut" says which, the summary says it too, and the exit status is 128 + the
+        signal's number; a signal that cut nothing (the results written) gets one line and exit status 0."""
         args = self.args
         self.pbar.close()
         self.update_sps(global_step)
         end = time.perf_counter()
         eval_return = None
-        stop_signal = self.stop_signals[0] if self.stop_signals else 0
+        evaluates = args.save_model and args.eval_episodes and self.rank == 0
         if args.save_model:
             save_checkpoint()
-            if args.eval_episodes and not stop_signal and self.rank == 0:
+            if evaluates and not self.stop_signals:
                 video_folder = self.video_folder() if args.capture_video else None
                 if video_folder:
                     os.makedirs(video_folder, exist_ok=True)
@@ -570,10 +599,13 @@ class Run:
                 checkpoint = torch.load(self.model_path, map_location="cpu", weights_only=True)
                 act = make_policy(checkpoint, env, self.device)
                 eval_return = evaluate(env, act, args.eval_episodes, seed, video_folder, self.stop_signals)
+        # Only a signal ends the loop before its total; evaluate() returns None only when a signal stops it.
+        cut = "training" if global_step < self.total else "evaluation" if evaluates and eval_return is None else None
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-        if self.rank != 0:
-            sys.exit(128 + stop_signal if stop_signal else 0)
+        if self.rank != 0:  # rank 0 alone writes the results and says what was cut
+            self.exit(cut)
+            sys.exit(0)
         final_return = float(np.mean(self.recent_returns)) if self.recent_returns else None
         results = {
             "script": self.script,
@@ -590,7 +622,8 @@ class Run:
             "wall_seconds": end - self.start,
             "final_return": final_return,
             "steps_done": global_step,
-            "interrupted": bool(stop_signal),
+            "interrupted": cut is not None,
+            "cut": cut,
             "eval_return": eval_return,
             "model_path": self.model_path if args.save_model else None,
             **({"world_size": self.world_size} if self.distributed else {}),
@@ -605,14 +638,29 @@ class Run:
             f"sps not measured (run ended {self.ended_early})")  # fmt: skip
         return_text = f"{final_return:.1f}" if final_return is not None else "n/a (no finished episode)"
         done_text = f"{global_step} steps"
-        if stop_signal:
-            done_text = f"interrupted by {signal.Signals(stop_signal).name} at step {global_step} of {self.total}"
+        if cut == "training":
+            done_text = f"interrupted by {self.signal_name()} at step {global_step} of {self.total}"
         processes = f" by {self.world_size} process(es)" if self.distributed else ""
         summary = f"{self.script}: {done_text} on {args.env_id}{processes}, {sps_text}, final return {return_text}"
         if args.save_model:
             summary += f"; checkpoint {self.model_path}"
             if eval_return is not None:
                 summary += f", eval return {eval_return:.1f} over {args.eval_episodes} {self.unit}"
+            if cut == "evaluation":
+                summary += f", evaluation cut by {self.signal_name()} (--resume the checkpoint to evaluate it)"
         print(summary)
-        if stop_signal:
-            sys.exit(128 + stop_signal)
+        self.exit(cut)
+
+    def signal_name(self):
+        return signal.Signals(self.stop_signals[0]).name
+
+    def exit(self, cut):
+        """128 + the signal's number when it cut something; else this process goes on to its end (exit status 0)."""
+        # From here on there is nothing left to cut: a signal must not kill the process as it exits, for its exit
+        # status would then say that the run was cut.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
+        if cut:
+            sys.exit(128 + self.stop_signals[0])
+        if self.stop_signals and self.rank == 0:
+            print(f"{self.script}: {self.signal_name()} received as the run ended: nothing was cut", file=sys.stderr)

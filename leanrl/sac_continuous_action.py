@@ -56,18 +56,21 @@ LOG_EVERY = 100  # iterations (steps of one env) between progress-bar updates, l
 HYPERPARAMETERS = ("num_envs", "gradient_steps", "buffer_size", "gamma", "tau", "batch_size",
                    "learning_starts", "policy_lr", "q_lr", "policy_frequency", "target_network_frequency",
                    "alpha", "autotune")  # fmt: skip
+# Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
+DOMAINS = {"num_envs": ">= 1", "gradient_steps": ">= 1", "buffer_size": ">= 1", "gamma": "[0, 1]", "tau": "[0, 1]",
+           "batch_size": ">= 1", "learning_starts": ">= 0", "policy_lr": "> 0", "q_lr": "> 0",
+           "policy_frequency": ">= 1", "target_network_frequency": ">= 1", "alpha": ">= 0"}  # fmt: skip
 
 
 def check_args(args):
-    run_utils.check_positive(args, "total_timesteps", "num_envs", "gradient_steps", "buffer_size", "batch_size")
-    run_utils.check_positive(args, "policy_frequency", "target_network_frequency")
-    if args.learning_starts < 0 or args.measure_burnin < 0:
-        run_utils.exit_with_error("--learning-starts and --measure-burnin must not be negative")
+    run_utils.check_domains(args, DOMAINS)
     if args.batch_size > args.buffer_size:
         run_utils.exit_with_error(f"--batch-size ({args.batch_size}) is larger than --buffer-size ({args.buffer_size})")
     if args.num_envs > args.buffer_size:
         run_utils.exit_with_error(f"--num-envs ({args.num_envs}) is larger than --buffer-size ({args.buffer_size}): "
                                   "an iteration's transitions must fit in the buffer")  # fmt: skip
+    if args.autotune and args.alpha == 0:
+        run_utils.exit_with_error("--autotune learns log(alpha) from --alpha, which must then be positive")
 
 
 def make_env(env_id, render_mode=None):

@@ -54,16 +54,14 @@ LOG_EVERY = 100  # iterations (steps of one env) between progress-bar updates, l
 HYPERPARAMETERS = ("num_envs", "gradient_steps", "learning_rate", "buffer_size", "gamma", "tau",
                    "batch_size", "policy_noise", "exploration_noise", "learning_starts", "policy_frequency",
                    "noise_clip")  # fmt: skip
+# Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
+DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "gradient_steps": ">= 1", "buffer_size": ">= 1",
+           "gamma": "[0, 1]", "tau": "[0, 1]", "batch_size": ">= 1", "policy_noise": ">= 0", "exploration_noise": ">= 0",
+           "learning_starts": ">= 0", "policy_frequency": ">= 1", "noise_clip": ">= 0"}  # fmt: skip
 
 
 def check_args(args):
-    run_utils.check_positive(
-        args, "total_timesteps", "num_envs", "gradient_steps", "buffer_size", "batch_size", "policy_frequency"
-    )
-    if args.learning_starts < 0 or args.measure_burnin < 0:
-        run_utils.exit_with_error("--learning-starts and --measure-burnin must not be negative")
-    if min(args.policy_noise, args.exploration_noise, args.noise_clip) < 0:
-        run_utils.exit_with_error("--policy-noise, --exploration-noise and --noise-clip must not be negative")
+    run_utils.check_domains(args, DOMAINS)
     if args.batch_size > args.buffer_size:
         run_utils.exit_with_error(f"--batch-size ({args.batch_size}) is larger than --buffer-size ({args.buffer_size})")
     if args.num_envs > args.buffer_size:

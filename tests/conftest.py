@@ -127,14 +127,17 @@ def _time_limit(seconds, what):
 
 @contextlib.contextmanager
 def _command_line(argv):
-    """sys.argv as a script run in this process sees it, restored afterwards, and sys.excepthook (a distributed
-    script sets its own)."""
+    """sys.argv as a script run in this process sees it, restored afterwards, with sys.excepthook (a distributed
+    script sets its own) and the handlers of SIGINT and SIGTERM (a run handles them, then ignores them at its end)."""
     saved_argv, saved_excepthook = sys.argv, sys.excepthook
+    saved_handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     sys.argv = argv
     try:
         yield
     finally:
         sys.argv, sys.excepthook = saved_argv, saved_excepthook
+        for signum, handler in saved_handlers.items():
+            signal.signal(signum, handler)
 
 
 def _run_main(name, flags, timeout, cuda):
@@ -1015,7 +1018,8 @@ def check_video_of_the_evaluation(
 def check_signal_stops_the_run(name, flags, signum, tmp_path, total_timesteps=10**6):
     """SIGINT or SIGTERM to a running script: it stops at the end of a step, writes its checkpoint and a results line
     with "interrupted": true and the steps done, says so, exits 128 + the signal, no traceback; then the run resumes
-    from that checkpoint to a finish."""
+    from that checkpoint to a finish. The signal waits for the run's first steps, and its budget is one no machine
+    runs in the half second that follows: the signal always finds the run in its loop."""
     model, results, stderr_path = tmp_path / "agent.pt", tmp_path / "results.jsonl", tmp_path / "stderr.txt"
     command = [sys.executable, str(script_path(name)), *map(str, flags), "--total-timesteps", str(total_timesteps),
                "--save-model", "--model-path", str(model), "--results-path", str(results)]  # fmt: skip
@@ -1037,7 +1041,7 @@ def check_signal_stops_the_run(name, flags, signum, tmp_path, total_timesteps=10
     assert "Traceback" not in error_output + stdout, error_output[-2000:]
     assert f"interrupted by {signal.Signals(signum).name}" in stdout.strip().splitlines()[-1], stdout
     (result,) = read_results(results)
-    assert result["interrupted"] is True and result["model_path"] == str(model), result
+    assert (result["interrupted"], result["cut"], result["model_path"]) == (True, "training", str(model)), result
     assert 0 < result["steps_done"] < total_timesteps, result
     assert load_checkpoint(model)["global_step"] == result["steps_done"]
 
@@ -1050,5 +1054,5 @@ def check_signal_stops_the_run(name, flags, signum, tmp_path, total_timesteps=10
                                       "--eval-episodes", "1", "--results-path", results)  # fmt: skip
     assert completed.returncode == 0, describe(completed)
     resumed = read_results(results)[-1]
-    assert (resumed["interrupted"], resumed["model_path"]) == (False, str(model)), resumed
+    assert (resumed["interrupted"], resumed["cut"], resumed["model_path"]) == (False, None, str(model)), resumed
     assert resumed["steps_done"] >= finish and is_number(resumed["eval_return"]), resumed

@@ -87,13 +87,40 @@ def test_run_records_the_scripts_episodes_and_a_rerun_skips_recorded_seeds(tmp_p
     assert seed_2["episodes"] != record["episodes"]
 
 
+# sac_continuous_action.py run as it is, but for its first sitting (no --resume), which holds at its checkpoint of step
+# 400 until its handler has a Ctrl-C: the test's signal always finds the run there, whatever the machine's speed.
+HELD_SCRIPT = """
+import runpy
+import sys
+import time
+
+sys.path.insert(0, {leanrl!r})
+import run_utils
+
+real_save = run_utils.Run.save_checkpoint
+
+
+def save_then_hold(run, **agent):
+    real_save(run, **agent)
+    while agent["global_step"] == 400 and "--resume" not in sys.argv and not run.stop_signals:
+        time.sleep(0.05)
+
+
+run_utils.Run.save_checkpoint = save_then_hold
+globals().update(runpy.run_path({leanrl!r} + "/sac_continuous_action.py", run_name="__main__"))
+"""
+
+
 def test_an_interrupted_seed_goes_on_from_its_checkpoint(tmp_path):
     """--checkpoint-every: a run stopped by Ctrl-C (SIGINT to the process group, as a terminal sends it) writes its
     checkpoint and its episodes so far; the same command resumes the seed there, and the record holds the episodes
     of both sittings, stamped in order, and the step it resumed at. The second sitting's clock goes on from the
     first's: its episodes' seconds come after the time the first sitting had run."""
     flags = ("--env-id", "Pendulum-v1", "--total-timesteps", "1200", "--learning-starts", "100", "--batch-size", "32")
-    command = [sys.executable, str(TOOL), "run", "--script", "sac_continuous_action", "--seeds", "1",
+    held = tmp_path / "held" / "sac_continuous_action.py"  # the script, held at step 400 of its first sitting
+    held.parent.mkdir()
+    held.write_text(HELD_SCRIPT.format(leanrl=str(REPO_ROOT / "leanrl")))
+    command = [sys.executable, str(TOOL), "run", "--script", str(held), "--seeds", "1",
                "--out", str(tmp_path), "--checkpoint-every", "200", "--", *flags]  # fmt: skip
     name = learning_curves.record_name("sac_continuous_action", list(flags), 1)
     model, partial = learning_curves.partial_paths(tmp_path / name)
@@ -123,7 +150,7 @@ def test_an_interrupted_seed_goes_on_from_its_checkpoint(tmp_path):
     (so_far / name).write_text(partial.read_text())
     drawn = run_tool("plot", so_far)
     assert drawn.returncode == 0, describe(drawn)
-    assert f"| {step:,} (in progress, of 1,200) | `sac_continuous_action.py" in (so_far / "curves.md").read_text()
+    assert f"| {step:,} (in progress, of 1,200) | `{held} --env-id Pendulum-v1" in (so_far / "curves.md").read_text()
 
     second = run_tool(*command[2:])
     assert second.returncode == 0, describe(second)

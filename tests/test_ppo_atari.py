@@ -416,8 +416,8 @@ BAD_INPUTS = {
     "seed-out-of-range": (("--seed", "-1"), ("seed",)),
     "checkpoint-every-without-save": (("--checkpoint-every", "1000"), ("checkpoint-every", "save-model")),
     "video-without-save": (("--capture-video",), ("capture-video", "save-model")),
-    "negative-checkpoint-every": (("--save-model", "--checkpoint-every", "-32"), ("checkpoint-every", "negative")),
-    "negative-eval-episodes": (("--save-model", "--eval-episodes", "-1"), ("eval-episodes", "negative")),
+    "negative-checkpoint-every": (("--save-model", "--checkpoint-every", "-32"), ("checkpoint-every", ">= 0")),
+    "negative-eval-episodes": (("--save-model", "--eval-episodes", "-1"), ("eval-episodes", ">= 0")),
     "video-without-eval-games": (("--save-model", "--capture-video", "--eval-episodes", "0"), ("eval-episodes",)),
 }
 

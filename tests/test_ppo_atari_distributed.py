@@ -324,7 +324,7 @@ BAD_WORLD_SIZES = [
 BAD_INPUTS = [
     (("--env-id", "NoSuchGame-v5"), ["NoSuchGame-v5"]),
     (("--env-id", "CartPole-v1"), ["Atari", "CartPole-v1"]),
-    (("--num-envs", "0"), ["--num-envs", "positive"]),
+    (("--num-envs", "0"), ["--num-envs", ">= 1"]),
     (("--num-minibatches", "3"), ["--num-minibatches", "divide"]),
 ]
 
@@ -363,8 +363,10 @@ def free_port():
 
 
 def test_a_lost_rank_ends_the_others_with_one_line(tmp_path):
-    """Two ranks started by hand (no torchrun to stop the others): rank 1 is killed mid-run; rank 0 exits within a
-    minute, with an error status and one line saying it lost another rank, not a traceback or a hang."""
+    """Two ranks started by hand (no torchrun to stop the others): rank 1 is killed mid-run; rank 0 exits, with an
+    error status and one line saying it lost another rank, not a traceback or a hang. (It notices the closed
+    connection at its next collective; the wait's bound is under the 5 minutes of COLLECTIVE_TIMEOUT, so a rank that
+    waited the timeout out would fail it.)"""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}  # fmt: skip
     # The last --total-timesteps counts: a run long enough to be killed in.
@@ -383,7 +385,7 @@ def test_a_lost_rank_ends_the_others_with_one_line(tmp_path):
             time.sleep(0.5)
         processes[1].send_signal(signal.SIGKILL)
         start = time.monotonic()
-        status = processes[0].wait(timeout=60)
+        status = processes[0].wait(timeout=240)
         print(f"rank 0 exited {time.monotonic() - start:.1f} s after rank 1 was killed")
     finally:
         for process in processes:

@@ -1,5 +1,7 @@
-"""Rules every script keeps, checked script by script: a resume keeps the budget its schedule is computed from,
-logs are counted in iterations (not env steps), and a twin's sps clock starts after its CUDA graphs are recorded.
+"""Rules every script keeps, checked script by script: every numeric flag has a domain, and a value outside it is
+refused before the first step; a resume keeps the budget its schedule is computed from, logs are counted in
+iterations (not env steps), a twin's sps clock starts after its CUDA graphs are recorded, and a
+signal after the last step is told truthfully.
 
 The resumed checkpoints are the old ones of tests/old_checkpoints (see test_old_checkpoints.py), given the budget a
 checkpoint now records: a refusal happens before anything is built, so each case costs an import and the flags.
@@ -7,12 +9,28 @@ checkpoint now records: a refusal happens before anything is built, so each case
 
 import gzip
 import json
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import check_bad_input_in_process, load_checkpoint, requires_cuda, run_in_process
+from conftest import (
+    REPO_ROOT,
+    SCRIPTS_DIR,
+    args_fields,
+    check_bad_input_in_process,
+    describe,
+    load_checkpoint,
+    load_script,
+    read_results,
+    requires_cuda,
+    run_in_process,
+    run_script_in_process,
+    script_path,
+)
 
 OLD = Path(__file__).parent / "old_checkpoints"
 SCHEDULED = {  # the scripts whose schedule is computed from --total-timesteps, and what it is
@@ -24,6 +42,52 @@ SCHEDULED = {  # the scripts whose schedule is computed from --total-timesteps, 
     "pqn_atari_envpool": "learning-rate anneal and the epsilon decay",
 }
 SCRIPTS = [plain + twin for plain in SCHEDULED for twin in ("", "_torchcompile")]
+
+
+ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS_DIR.glob("*.py") if path.stem != "run_utils")
+
+
+def outside(domain, kind):
+    """Values just outside a domain, one beyond each bound it has: the bound itself where it is open, else a step
+    past it (1 for an int flag, 0.5 for a float one)."""
+    import run_utils
+
+    low, high, low_closed, high_closed = run_utils.domain_bounds(domain)
+    step = 1 if kind is int else 0.5
+    values = [kind(low - step if low_closed else low)]
+    if high != float("inf"):
+        values.append(kind(high + step if high_closed else high))
+    assert not any(run_utils.in_domain(value, domain) for value in values), (domain, values)
+    return values
+
+
+@pytest.mark.parametrize("name", ALL_SCRIPTS)
+def test_every_numeric_flag_has_a_domain_and_a_value_outside_it_is_refused(name, tmp_path, capsys):
+    """A numeric Args field with no domain fails here; each value outside a domain gets exit status 2 and one line
+    naming the flag, the value and the domain, before anything is made or written (a run that trained instead would
+    stop after one rollout at most: --total-timesteps 1)."""
+    import typing
+
+    import run_utils
+
+    module = load_script(name)
+    domains = {**run_utils.RUN_DOMAINS, **module.DOMAINS}
+    types = typing.get_type_hints(module.Args)
+    numeric = {
+        field: next(kind for kind in (int, float) if kind in (typing.get_args(types[field]) or (types[field],)))
+        for field in args_fields(module)
+        if types[field] is not bool and {int, float} & set(typing.get_args(types[field]) or (types[field],))
+    }
+    assert set(numeric) == set(domains), f"without a domain: {set(numeric) - set(domains)}; not a numeric flag: " + (
+        f"{set(domains) - set(numeric)}"
+    )
+    for field, kind in numeric.items():
+        for value in outside(domains[field], kind):
+            flag = f"--{field.replace('_', '-')}"
+            check_bad_input_in_process(name, ("--total-timesteps", 1, flag, value, "--save-model", "--model-path",
+                                              tmp_path / "agent.pt"), [flag, domains[field], f"got {value}"],
+                                       tmp_path, capsys)  # fmt: skip
+            assert not (tmp_path / "agent.pt").exists()
 
 
 def old_checkpoint(plain, tmp_path, **entries):
@@ -119,3 +183,113 @@ def test_the_sps_clock_starts_after_every_cuda_graph_is_recorded(name, monkeypat
     assert run_globals["run"].sps is not None, "the run ended before its sps was measured: give it more steps"
     ((graph_count, all_recorded),) = recorded_when_measured
     assert graph_count >= 2 and all_recorded, recorded_when_measured
+
+
+# --- A signal after the last step ---------------------------------------------------------------------------------
+# The end of a run is run_utils' (Run.finish), the same for every script: one script's tiny run checks each moment, the
+# signal sent from inside the run at that moment by a patched function, so no test races the run.
+END_FLAGS = ("--total-timesteps", "300", "--learning-starts", "200", "--batch-size", "32", "--train-frequency", "2",
+             "--save-model", "--eval-episodes", "3")  # fmt: skip
+
+
+def signal_self(signum):
+    os.kill(os.getpid(), signum)  # its handler runs before the next line of Python in this thread
+
+
+def at_the_last_step(run_utils, monkeypatch, signum):
+    real_steps = run_utils.Run.steps
+
+    def steps(run, start, total, per_iteration=1):
+        for step in real_steps(run, start, total, per_iteration):
+            if step + per_iteration >= total:
+                signal_self(signum)
+            yield step
+
+    monkeypatch.setattr(run_utils.Run, "steps", steps)
+
+
+def in_the_final_save(run_utils, monkeypatch, signum):
+    real_save = run_utils.Run.save_checkpoint
+
+    def save_checkpoint(run, **agent):
+        signal_self(signum)
+        real_save(run, **agent)
+
+    monkeypatch.setattr(run_utils.Run, "save_checkpoint", save_checkpoint)
+
+
+def in_the_evaluation(run_utils, monkeypatch, signum):
+    real_evaluate = run_utils.evaluate
+
+    def evaluate(env, act, *args):
+        actions = []
+
+        def act_then_signal(obs):  # the signal comes with the evaluation's second action
+            actions.append(act(obs))
+            if len(actions) == 2:
+                signal_self(signum)
+            return actions[-1]
+
+        return real_evaluate(env, act_then_signal, *args)
+
+    monkeypatch.setattr(run_utils, "evaluate", evaluate)
+
+
+@pytest.mark.parametrize(
+    ("moment", "signum"),
+    [(at_the_last_step, signal.SIGINT), (in_the_final_save, signal.SIGTERM), (in_the_evaluation, signal.SIGTERM)],
+    ids=["last-step", "final-save", "evaluation"],
+)
+def test_a_signal_after_the_training_cuts_the_evaluation_and_says_so(moment, signum, tmp_path, monkeypatch):
+    """The training is whole and its checkpoint written whole; the evaluation is cut (not started, or stopped): the
+    results line says "cut": "evaluation", the summary says it, and the exit status is 128 + the signal."""
+    import run_utils
+
+    model, results = tmp_path / "agent.pt", tmp_path / "results.jsonl"
+    moment(run_utils, monkeypatch, signum)
+    completed = run_script_in_process("dqn", *END_FLAGS, "--model-path", model, "--results-path", results)
+    assert completed.returncode == 128 + signum, describe(completed)
+    assert "Traceback" not in completed.stderr, describe(completed)
+    (result,) = read_results(results)
+    assert (result["steps_done"], result["interrupted"], result["cut"]) == (300, True, "evaluation"), result
+    assert result["eval_return"] is None, result
+    assert load_checkpoint(model)["global_step"] == 300
+    summary = completed.stdout.strip().splitlines()[-1]
+    assert summary.startswith("dqn.py: 300 steps") and "interrupted" not in summary, summary
+    assert summary.endswith(f"evaluation cut by {signal.Signals(signum).name} (--resume the checkpoint to evaluate it)")
+
+
+def test_a_signal_after_the_results_line_cuts_nothing_and_says_so(tmp_path, monkeypatch):
+    """Everything written, evaluation included: the run exits 0, its results line says nothing was cut, and one line
+    on stderr says the signal came too late to cut anything."""
+    import run_utils
+
+    def print_then_signal(*args, **kwargs):  # the signal comes with the summary, after the results line
+        print(*args, **kwargs)
+        if "file" not in kwargs:
+            signal_self(signal.SIGTERM)
+
+    monkeypatch.setattr(run_utils, "print", print_then_signal, raising=False)
+    results = tmp_path / "results.jsonl"
+    completed = run_script_in_process("dqn", *END_FLAGS, "--model-path", tmp_path / "agent.pt", "--results-path",
+                                      results)  # fmt: skip
+    assert completed.returncode == 0, describe(completed)
+    (result,) = read_results(results)
+    assert (result["interrupted"], result["cut"]) == (False, None) and result["eval_return"] > 0, result
+    assert completed.stderr.strip().splitlines()[-1] == "dqn.py: SIGTERM received as the run ended: nothing was cut"
+
+
+def test_a_signal_as_the_process_exits_leaves_its_exit_status_0(tmp_path):
+    """A signal after the run's last line of Python (at the interpreter's exit, from an atexit function) is ignored:
+    the process is not killed by it, so its exit status agrees with its results line (nothing cut)."""
+    results = tmp_path / "results.jsonl"
+    code = ("import atexit, os, runpy, signal, sys; atexit.register(os.kill, os.getpid(), signal.SIGTERM); "
+            "sys.argv = sys.argv[1:]; sys.path.insert(0, os.path.dirname(sys.argv[0])); "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")  # fmt: skip
+    command = [sys.executable, "-c", code, str(script_path("dqn")), *END_FLAGS, "--eval-episodes", "0",
+               "--model-path", str(tmp_path / "agent.pt"), "--results-path", str(results)]  # fmt: skip
+    completed = subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+                               capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert completed.returncode == 0, describe(completed)
+    (result,) = read_results(results)
+    assert (result["interrupted"], result["cut"]) == (False, None), result

@@ -168,6 +168,17 @@ def test_a_mistake_is_one_line_and_status_2(capsys, monkeypatch):
     assert exit_.value.code == 2 and capsys.readouterr().err == "some_script.py: error: --thing must be positive\n"
 
 
+@pytest.mark.parametrize(
+    ("domain", "inside", "outside"),
+    [("> 0", [1e-9, 3.0], [0, -1.0]), (">= 0", [0, 0.5], [-1e-9]), (">= 1", [1, 8], [0, -1]),
+     ("[0, 1]", [0, 0.5, 1], [-0.1, 1.5]), ("(0, 1]", [1e-9, 1], [0, 1.1]),
+     ("[0, 2**31)", [0, 2**31 - 1], [-1, 2**31])],
+)  # fmt: skip
+def test_a_domain_holds_its_bounds_as_written(domain, inside, outside):
+    assert all(run_utils.in_domain(value, domain) for value in inside), inside
+    assert not any(run_utils.in_domain(value, domain) for value in outside), outside
+
+
 # Run in a fresh interpreter: MuJoCo prints its warnings from C, to the process's own stderr.
 MAKE_HALFCHEETAH = """
 import json, os, sys
