@@ -61,27 +61,19 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 # What makes the agent: a checkpoint made with other values of these is refused by --resume.
 HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma", "num_minibatches", "update_epochs",
                    "max_grad_norm", "start_e", "end_e", "exploration_fraction", "q_lambda")  # fmt: skip
+# Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
+DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "num_minibatches": ">= 1",
+           "update_epochs": ">= 1", "gamma": "[0, 1]", "start_e": "[0, 1]", "end_e": "[0, 1]",
+           "exploration_fraction": "(0, 1]", "max_grad_norm": "> 0", "q_lambda": "[0, 1]"}  # fmt: skip
 EVAL_EPSILON = 0.05  # the evaluation's exploration rate, as in CleanRL's DQN evaluation (it has none for PQN)
 
 
 def check_args(args):
-    run_utils.check_positive(args, "total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs")
-    if args.measure_burnin < 0:
-        run_utils.exit_with_error("--measure-burnin must not be negative")
+    run_utils.check_domains(args, DOMAINS)
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
-        run_utils.exit_with_error(
-            f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
-            f"(num_envs * num_steps = {batch_size})"
-        )
-    if not 0 <= args.q_lambda <= 1:
-        run_utils.exit_with_error(f"--q-lambda must be in [0, 1], got {args.q_lambda}")
-    if not 0 < args.exploration_fraction <= 1:
-        run_utils.exit_with_error(f"--exploration-fraction must be in (0, 1], got {args.exploration_fraction}")
-    if not (0 <= args.start_e <= 1 and 0 <= args.end_e <= 1):
-        run_utils.exit_with_error(
-            f"--start-e and --end-e are probabilities, in [0, 1]; got {args.start_e} and {args.end_e}"
-        )
+        run_utils.exit_with_error(f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
+                                  f"(num_envs * num_steps = {batch_size})")  # fmt: skip
     if args.end_e > args.start_e:
         run_utils.exit_with_error(f"--end-e ({args.end_e}) is above --start-e ({args.start_e}): epsilon only goes down")
 
@@ -299,8 +291,8 @@ if __name__ == "__main__":
         # last frame of an episode: the returns do not reach across it, and step t, the reset step, is no
         # transition of the game: the update masks it out.
         for step in range(args.num_steps):
-            epsilon = epsilon_at(global_step, args)
             global_step += args.num_envs
+            epsilon = epsilon_at(global_step, args)  # at the step count this step reaches, as in CleanRL
             obs[step] = next_obs
             dones[step] = next_done
             action, value = pqn.policy(next_obs, epsilon)
