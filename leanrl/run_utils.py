@@ -105,8 +105,8 @@ def in_domain(value, domain):
 
 
 def check_domains(args, domains):
-    """Before anything is made: every numeric flag in its domain (RUN_DOMAINS and the script's), None standing for
-    none (an optional flag), or one line naming the flag, its value and its domain, and exit status 2."""
+    """Before anything is made: every numeric flag in its domain (RUN_DOMAINS and the script's), or one line naming the
+    flag, its value and its domain, and exit status 2. An optional flag left at None (--target-kl) is not checked."""
     for name, domain in {**RUN_DOMAINS, **domains}.items():
         value = getattr(args, name)
         if value is not None and not in_domain(value, domain):
