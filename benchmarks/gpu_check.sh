@@ -24,6 +24,10 @@
 #            by side on one H100 the four went at 316 sps each, about a quarter of the speed-up table's (1102, 1248). The
 #            runs checkpoint every 50k steps and at a SIGTERM: the same stage with the same OUT_DIR skips finished runs
 #            and resumes a cut one, so the stage can span calls on a warm machine (at 1100 sps a 300k run is 4.5 min).
+#   recipe   the fastest way to a return of 5000 on HalfCheetah-v5 that a 2-core CPU found (docs/num_envs.md): the SAC
+#            twin with --compile --cudagraphs and the CPU's recipe, then a GPU-sized one (4x the envs and gradient steps,
+#            the same updates per env step), 150k steps (recipe:STEPS: that many), seed 1, one run at a time: records,
+#            plot and the minutes to 5000 in OUT_DIR/recipe/ (the goal on a GPU: under 30 seconds).
 #   learning-pqn  the PQN Atari twin, --compile --cudagraphs, Breakout-v5, CleanRL's 10M steps (learning-pqn:STEPS:
 #            that many), seed 1 (OUT_DIR/learning/pqn_atari/, with a plot and table against CleanRL's 384.85 in
 #            OUT_DIR/learning/pqn_atari.png); it checkpoints every 500k steps and at a SIGTERM, so the same stage with the
@@ -43,13 +47,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke[:PAIR]|tests[:cuda]|speedup:SEED[:PAIR]|table|envspeed|learning[:STEPS]|learning-pqn[:STEPS]|micro|profile[:PAIR]|scaling ...]" >&2; exit 2; }
+(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke[:PAIR]|tests[:cuda]|speedup:SEED[:PAIR]|table|envspeed|learning[:STEPS]|recipe[:STEPS]|learning-pqn[:STEPS]|micro|profile[:PAIR]|scaling ...]" >&2; exit 2; }
 out=$1
 shift
 stages=("$@")
 ((${#stages[@]})) || stages=(smoke tests speedup:1 speedup:2 speedup:3 table envspeed micro profile scaling)
 for stage in "${stages[@]}"; do
-  [[ $stage =~ ^(smoke(:[a-z_]+)?|tests(:cuda)?|speedup:[0-9]+(:[a-z_]+)?|table|envspeed|learning(:[0-9]+)?|learning-pqn(:[0-9]+)?|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
+  [[ $stage =~ ^(smoke(:[a-z_]+)?|tests(:cuda)?|speedup:[0-9]+(:[a-z_]+)?|table|envspeed|learning(:[0-9]+)?|recipe(:[0-9]+)?|learning-pqn(:[0-9]+)?|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
     { echo "gpu_check: unknown stage '$stage'" >&2; exit 2; }
 done
 mkdir -p "$out"
@@ -138,6 +142,22 @@ learning() { # $1: the env steps of each run
     --reach 5000 || status=1
 }
 
+# docs/num_envs.md's recipe: 1 update per 8 env steps, faster learning rates and target networks than CleanRL's
+RECIPE=(--policy-lr 1e-3 --q-lr 2e-3 --tau 0.05)
+
+recipe() { # $1: the env steps of each run
+  local setting
+  for setting in "16 2" "64 8"; do
+    read -r envs updates <<<"$setting"
+    mkdir -p "$out/recipe/envs$envs"
+    OMP_NUM_THREADS=2 "$python" benchmarks/learning_curves.py run --script sac_continuous_action_torchcompile \
+      --seeds 1 --out "$out/recipe/envs$envs" -- --compile --cudagraphs --num-envs "$envs" --gradient-steps "$updates" \
+      "${RECIPE[@]}" --total-timesteps $1 >>"$out/recipe/envs$envs.log" 2>&1 || status=1
+  done
+  "$python" benchmarks/learning_curves.py plot "$out/recipe/envs16" "$out/recipe/envs64" --out "$out/recipe/curves.png" \
+    --reach 5000 --window 10 && grep -A6 '| run | seed | minutes' "$out/recipe/curves.md" || status=1
+}
+
 learning_pqn() { # $1: the env steps of the run
   mkdir -p "$out/learning/pqn_atari"
   OMP_NUM_THREADS=2 "$python" benchmarks/learning_curves.py run --script pqn_atari_envpool_torchcompile --seeds 1 \
@@ -218,6 +238,8 @@ for stage in "${stages[@]}"; do
       ;;
     learning) learning 300000 ;;
     learning:*) learning "${stage#learning:}" ;;
+    recipe) recipe 150000 ;;
+    recipe:*) recipe "${stage#recipe:}" ;;
     learning-pqn) learning_pqn 10000000 ;;
     learning-pqn:*) learning_pqn "${stage#learning-pqn:}" ;;
     micro)
