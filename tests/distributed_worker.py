@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
-from conftest import load_script, script_path  # noqa: E402
+from conftest import default_dtype, load_script, script_path  # noqa: E402
 from test_ppo_atari import NUM_ACTIONS, call_update, random_minibatch  # noqa: E402
 
 GLOBAL_MINIBATCH = 16  # the rows of the global minibatch; each rank gets a contiguous half
@@ -32,27 +32,32 @@ def gradient(out):
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     results = {}
-    for name in ("ppo_atari_envpool_distributed", "ppo_atari_envpool_distributed_torchcompile"):
-        module = load_script(name)
-        for norm_adv in (True, False):
-            torch.manual_seed(100 + rank)  # rank 0's initial parameters must reach the others (the broadcast)
-            # No clipping: the gradient itself is compared.
-            args = module.Args(norm_adv=norm_adv, max_grad_norm=1e9)
-            ppo = module.build_ppo(NUM_ACTIONS, args, torch.device("cpu"))
-            initial = {key: value.clone() for key, value in ppo.agent.state_dict().items()}
-            # Random frames and rollout quantities, a quarter of the steps masked out; the same on every rank.
-            batch = random_minibatch(seed=7, size=GLOBAL_MINIBATCH)
-            share = GLOBAL_MINIBATCH // world_size
-            rank_batch = {key: value[rank * share : (rank + 1) * share] for key, value in batch.items()}
-            # The minibatch as the single-process counterpart's update takes it: tensors, or a TensorDict.
-            losses = call_update(ppo, name.replace("_distributed", ""), rank_batch)
-            summed = module.sum_over_ranks(*(losses[key].detach() for key in losses.keys()))
-            results[name, norm_adv] = dict(
-                initial=initial,
-                gradients={key: value.grad.clone() for key, value in ppo.agent.named_parameters()},
-                losses=dict(zip(losses.keys(), summed, strict=True)),
-                batch=batch,
-            )
+    # Random frames and rollout quantities, a quarter of the steps masked out; the same on every rank. Drawn as float32
+    # (float64 draws would mask the two halves evenly), computed in float64 (below).
+    batch = random_minibatch(seed=7, size=GLOBAL_MINIBATCH)
+    batch = {key: value.double() if value.is_floating_point() else value for key, value in batch.items()}
+    # float64: the twin's channels-last convolutions sum in another order than the plain script's, and in float32 that
+    # can flip a ReLU whose input is within rounding of 0, and the gradient with it.
+    with default_dtype(torch.float64):
+        for name in ("ppo_atari_envpool_distributed", "ppo_atari_envpool_distributed_torchcompile"):
+            module = load_script(name)
+            for norm_adv in (True, False):
+                torch.manual_seed(100 + rank)  # rank 0's initial parameters must reach the others (the broadcast)
+                # No clipping: the gradient itself is compared.
+                args = module.Args(norm_adv=norm_adv, max_grad_norm=1e9)
+                ppo = module.build_ppo(NUM_ACTIONS, args, torch.device("cpu"))
+                initial = {key: value.clone() for key, value in ppo.agent.state_dict().items()}
+                share = GLOBAL_MINIBATCH // world_size
+                rank_batch = {key: value[rank * share : (rank + 1) * share] for key, value in batch.items()}
+                # The minibatch as the single-process counterpart's update takes it: tensors, or a TensorDict.
+                losses = call_update(ppo, name.replace("_distributed", ""), rank_batch)
+                summed = module.sum_over_ranks(*(losses[key].detach() for key in losses.keys()))
+                results[name, norm_adv] = dict(
+                    initial=initial,
+                    gradients={key: value.grad.clone() for key, value in ppo.agent.named_parameters()},
+                    losses=dict(zip(losses.keys(), summed, strict=True)),
+                    batch=batch,
+                )
     torch.save(results, Path(out) / f"gradient_rank{rank}.pt")
     dist.destroy_process_group()
 

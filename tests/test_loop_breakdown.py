@@ -1,4 +1,5 @@
-"""benchmarks/loop_breakdown.py: each SAC and TD3 script, run unchanged with timed calls, reports every phase."""
+"""benchmarks/loop_breakdown.py: SAC, TD3, PPO and PQN Atari scripts, run unchanged with timed calls, report every
+phase."""
 
 import os
 import re
@@ -49,6 +50,52 @@ if __name__ == "__main__":
 """
 
 
+ON_POLICY_PHASES = ("act", "env step", "bookkeeping", "advantages", "update", "sum")
+# An on-policy script: 6 iterations (3 timed) of a 4-step rollout, the advantages, 2 updates.
+FAKE_ON_POLICY_SCRIPT = """
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+
+@dataclass
+class Args:
+    num_envs: int = 1
+    num_steps: int = 4
+
+
+def make_envs():
+    return SimpleNamespace(step=lambda action: action, close=lambda: None)
+
+
+def build_ppo():
+    return SimpleNamespace(**{name: lambda *args: None for name in ("policy", "gae", "update")})
+
+
+if __name__ == "__main__":
+    envs, ppo = make_envs(), build_ppo()
+    for iteration in range(6):
+        for step in range(4):
+            ppo.policy(step)
+            envs.step(step)
+        ppo.gae(iteration)
+        ppo.update(0)
+        ppo.update(1)
+    envs.close()
+"""
+
+
+def times_per_iteration(output):
+    times = {}
+    for line in output.splitlines():
+        match = re.fullmatch(r"\s*(.+): +(\d+\.\d) ms per iteration \( *\d+%\)", line)
+        if match:
+            times[match[1]] = float(match[2])
+        match = re.fullmatch(r"\s*sum: +(\d+\.\d) ms per iteration \(\d+ sps\)", line)
+        if match:
+            times["sum"] = float(match[1])
+    return times
+
+
 def times_per_step(output):
     times = {}
     for line in output.splitlines():
@@ -95,6 +142,34 @@ def test_every_phase_of_the_loop_is_timed(script, tmp_path):
     assert times["sum"] == pytest.approx(sum(times[phase] for phase in PHASES[:-1]), abs=len(PHASES))
 
 
+@pytest.mark.parametrize(
+    "script, flags",
+    [
+        # the plain scripts' advantages are module functions, the twin's the agent's; gymnasium's vector env and envpool
+        ("ppo_continuous_action", ("--env-id", "InvertedPendulum-v5", "--num-steps", "64", "--num-minibatches", "2")),
+        ("ppo_atari_envpool_torchcompile", ("--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2")),
+        ("pqn_atari_envpool", ("--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2")),
+    ],
+)
+def test_every_phase_of_an_on_policy_loop_is_timed(script, flags, tmp_path):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    finished = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "loop_breakdown.py"), script, *flags, "--update-epochs", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    times = times_per_iteration(finished.stdout)
+    assert set(times) == set(ON_POLICY_PHASES), finished.stdout
+    assert all(times[phase] > 0 for phase in ("act", "env step", "update")), times
+    assert times["sum"] == pytest.approx(sum(times[phase] for phase in ON_POLICY_PHASES[:-1]), abs=0.1 * len(times))
+    # 6 iterations ran (the budget the tool sets), 3 of them timed
+    assert "steps on" in finished.stdout and f" {6 * 2 * 16 if 'atari' in script else 6 * 64} steps" in finished.stdout
+
+
 @pytest.fixture
 def fake_script(tmp_path, monkeypatch):
     """Where to write a fake SAC script; the breakdown's changes to sys.argv, sys.path and sys.modules are undone."""
@@ -127,3 +202,36 @@ def test_a_loop_without_a_phase_is_an_error_not_a_wrong_table(call, missing, fak
     with pytest.raises(SystemExit, match=rf"^loop_breakdown.py: error: .*does not call {re.escape(missing)}\b[^\n]*$"):
         loop_breakdown.breakdown(fake_script, [])
     assert "us per step" not in capsys.readouterr().out
+
+
+@pytest.fixture
+def fake_on_policy_script(tmp_path, monkeypatch):
+    """Where to write a fake PPO script; the breakdown's changes to sys.argv, sys.path and sys.modules are undone."""
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setitem(sys.modules, "ppo_atari_envpool_fake", None)
+    return tmp_path / "ppo_atari_envpool_fake.py"
+
+
+def test_an_on_policy_loop_that_calls_every_phase_gets_a_table(fake_on_policy_script, capsys):
+    fake_on_policy_script.write_text(FAKE_ON_POLICY_SCRIPT)
+    loop_breakdown.breakdown(fake_on_policy_script, [])
+    assert set(times_per_iteration(capsys.readouterr().out)) == set(ON_POLICY_PHASES)
+
+
+@pytest.mark.parametrize(
+    "call, missing",
+    [
+        ("ppo.policy", "agent.policy"),
+        ("envs.step", "envs.step"),
+        ("ppo.gae", "agent.gae"),
+        ("ppo.update", "agent.update"),
+    ],
+)
+def test_an_on_policy_loop_without_a_phase_is_an_error(call, missing, fake_on_policy_script, capsys):
+    fake_on_policy_script.write_text(
+        "\n".join(line for line in FAKE_ON_POLICY_SCRIPT.splitlines() if f"{call}(" not in line)
+    )
+    with pytest.raises(SystemExit, match=rf"^loop_breakdown.py: error: .*does not call {re.escape(missing)}\b[^\n]*$"):
+        loop_breakdown.breakdown(fake_on_policy_script, [])
+    assert "ms per iteration" not in capsys.readouterr().out

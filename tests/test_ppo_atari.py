@@ -73,8 +73,9 @@ def params(ppo):
 
 
 def frames_for(name, obs):
-    """The frames as the script stores them: float32 in the plain script, uint8 in the twin."""
-    return obs.float() if name == PLAIN else obs
+    """The frames as the script stores them: floats (float32, or the default dtype) in the plain script, uint8 in the
+    twin."""
+    return obs.to(torch.get_default_dtype()) if name == PLAIN else obs
 
 
 def random_minibatch(seed, size=BATCH, masked_fraction=0.25, device="cpu"):

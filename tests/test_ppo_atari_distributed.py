@@ -37,6 +37,7 @@ from conftest import (
     check_resume_continues_the_run,
     check_signal_stops_the_run,
     check_twin_runs_with_every_flag_combination,
+    default_dtype,
     describe,
     field_default,
     is_number,
@@ -139,9 +140,10 @@ def test_synced_gradient_of_two_ranks_is_the_gradient_of_the_whole_minibatch(nam
     assert_same_state(rank1["gradients"], rank0["gradients"], "synced gradients of rank 1 and rank 0")
 
     single = load_script(SINGLE_PROCESS[PLAIN])
-    ppo = single.build_ppo(NUM_ACTIONS, single.Args(norm_adv=norm_adv, max_grad_norm=1e9), torch.device("cpu"))
-    ppo.agent.load_state_dict(rank0["initial"])
-    losses = call_update(ppo, SINGLE_PROCESS[PLAIN], batch)
+    with default_dtype(torch.float64):  # as the ranks computed (see distributed_worker.py)
+        ppo = single.build_ppo(NUM_ACTIONS, single.Args(norm_adv=norm_adv, max_grad_norm=1e9), torch.device("cpu"))
+        ppo.agent.load_state_dict(rank0["initial"])
+        losses = call_update(ppo, SINGLE_PROCESS[PLAIN], batch)
     for key, gradient in rank0["gradients"].items():
         expected = dict(ppo.agent.named_parameters())[key].grad
         scale = expected.abs().max().item()
