@@ -52,9 +52,9 @@ import tyro
 
 ROOT = Path(__file__).resolve().parent.parent
 END = "envs.close"  # the call that ends the last iteration of an on-policy loop
-# Each family of scripts: the build function's name by the script's prefix, the phases in the loop's order, each
-# with the calls that start it (the first call starts a training step or iteration), what the agent must return,
-# the units left out at the start, the budget flags (placed before the user's, which win) and the unit of a table.
+# Each family of scripts: the scripts' prefixes, the phases in the loop's order, each with the calls that start it
+# (the first call starts a training step or iteration), what the agent must return and the units left out at the
+# start; off-policy, the budget flags too (placed before the user's, which win).
 OFF_POLICY = dict(
     prefixes=("sac_", "td3_"),
     phases={
@@ -81,8 +81,7 @@ ON_POLICY = dict(
         "update": ("agent.update",),
     },
     agent_calls=("policy", "update"),
-    skipped=3,
-    budget=("--total-timesteps", "1"),  # replaced by 6 iterations' steps once the batch size is known
+    skipped=3,  # and 3 timed: the budget is 6 iterations of the script's batch
 )
 
 
@@ -133,8 +132,9 @@ class Breakdown:
         return timed_call
 
 
-def wrap_agent(module, build_name, calls, timings):
-    """Wrap, in the script's module, the build function: the named functions of what it returns are timed."""
+def wrap_agent(module, build_name, calls, timings, then=None):
+    """Wrap, in the script's module, the build function: the named functions of what it returns are timed (and
+    then(agent) is called, if given)."""
     build = getattr(module, build_name)
 
     def timed_build(*args, **kwargs):
@@ -143,6 +143,8 @@ def wrap_agent(module, build_name, calls, timings):
             if not hasattr(agent, name):
                 error(f"{build_name}() of {Path(module.__file__).name} returns no {name}")
             setattr(agent, name, timings.timed(getattr(agent, name), f"agent.{name}"))
+        if then:
+            then(agent)
         return agent
 
     setattr(module, build_name, timed_build)
@@ -190,11 +192,8 @@ def instrument_on_policy(module, build_name, timings):
             init(envs, *args, **kwargs),
             wrap_envs(envs),
         )[0]
-    wrap_agent(module, build_name, ON_POLICY["agent_calls"], timings)
-    build = getattr(module, build_name)
 
-    def timed_advantages(*args, **kwargs):  # a twin's compiled gae calls the module's function: that one is not timed
-        agent = build(*args, **kwargs)
+    def time_advantages(agent):  # a twin's compiled gae calls the module's function: that one is not timed
         name = next((name for name in ("gae", "q_lambda_returns") if hasattr(agent, name)), None)
         if name:
             setattr(agent, name, timings.timed(getattr(agent, name), f"agent.{name}"))
@@ -202,9 +201,8 @@ def instrument_on_policy(module, build_name, timings):
             for name in ("compute_advantages", "compute_q_lambda_returns"):
                 if hasattr(module, name):
                     setattr(module, name, timings.timed(getattr(module, name), name))
-        return agent
 
-    setattr(module, build_name, timed_advantages)
+    wrap_agent(module, build_name, ON_POLICY["agent_calls"], timings, then=time_advantages)
 
 
 def main_block(path):
@@ -252,7 +250,8 @@ def breakdown(path, flags):
     if missing:
         error(f"the training loop of {path.name} does not call {', '.join(missing)}: its phases cannot be timed")
     if timings.timed_steps == 0:
-        error(f"{timings.training_steps} {unit}s are too few: the first {family['skipped']} are not timed")
+        untimed = f"the first {family['skipped']}" + ("" if family is ON_POLICY else " and the last")
+        error(f"{timings.training_steps} {unit}s are too few: {untimed} are not timed")
     per_step = {phase: timings.seconds[phase] / timings.timed_steps for phase in family["phases"]}
     total = sum(per_step.values())
     if family is ON_POLICY:

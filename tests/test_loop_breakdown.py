@@ -170,68 +170,59 @@ def test_every_phase_of_an_on_policy_loop_is_timed(script, flags, tmp_path):
     assert "steps on" in finished.stdout and f" {6 * 2 * 16 if 'atari' in script else 6 * 64} steps" in finished.stdout
 
 
-@pytest.fixture
-def fake_script(tmp_path, monkeypatch):
-    """Where to write a fake SAC script; the breakdown's changes to sys.argv, sys.path and sys.modules are undone."""
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setitem(sys.modules, "sac_fake", None)  # breakdown() registers the script's module under its name
-    return tmp_path / "sac_fake.py"
-
-
-def test_a_loop_that_calls_every_phase_gets_a_table(fake_script, capsys):
-    fake_script.write_text(FAKE_SCRIPT)
-    loop_breakdown.breakdown(fake_script, [])
-    assert set(times_per_step(capsys.readouterr().out)) == set(PHASES)
-
-
-@pytest.mark.parametrize(
-    "call, missing",
-    [
-        ("sac.policy", "agent.policy"),
-        ("env.step", "env.step"),
-        ("replay_buffer.add", "ReplayBuffer.add"),
-        ("replay_buffer.sample", "ReplayBuffer.sample"),
-        ("sac.update_critic", "agent.update_critic"),
-        ("sac.update_actor", "agent.update_actor"),
-        ("sac.update_targets", "agent.update_targets"),
-    ],
-)
-def test_a_loop_without_a_phase_is_an_error_not_a_wrong_table(call, missing, fake_script, capsys):
-    fake_script.write_text("\n".join(line for line in FAKE_SCRIPT.splitlines() if f"{call}(" not in line))
-    with pytest.raises(SystemExit, match=rf"^loop_breakdown.py: error: .*does not call {re.escape(missing)}\b[^\n]*$"):
-        loop_breakdown.breakdown(fake_script, [])
-    assert "us per step" not in capsys.readouterr().out
+OFF_POLICY_PHASE_CALLS = [
+    ("sac.policy", "agent.policy"),
+    ("env.step", "env.step"),
+    ("replay_buffer.add", "ReplayBuffer.add"),
+    ("replay_buffer.sample", "ReplayBuffer.sample"),
+    ("sac.update_critic", "agent.update_critic"),
+    ("sac.update_actor", "agent.update_actor"),
+    ("sac.update_targets", "agent.update_targets"),
+]
+ON_POLICY_PHASE_CALLS = [
+    ("ppo.policy", "agent.policy"),
+    ("envs.step", "envs.step"),
+    ("ppo.gae", "agent.gae"),
+    ("ppo.update", "agent.update"),
+]
+# The fake scripts, by the name that says their family, with their phases and their table's reader.
+FAKES = {
+    "sac_fake": (FAKE_SCRIPT, PHASES, times_per_step),
+    "ppo_atari_envpool_fake": (FAKE_ON_POLICY_SCRIPT, ON_POLICY_PHASES, times_per_iteration),
+}
 
 
 @pytest.fixture
-def fake_on_policy_script(tmp_path, monkeypatch):
-    """Where to write a fake PPO script; the breakdown's changes to sys.argv, sys.path and sys.modules are undone."""
+def write_fake_script(tmp_path, monkeypatch):
+    """Writes a fake script's text under its name; the breakdown's changes to sys.argv, sys.path and sys.modules are
+    undone."""
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setitem(sys.modules, "ppo_atari_envpool_fake", None)
-    return tmp_path / "ppo_atari_envpool_fake.py"
+
+    def write(name, text):
+        monkeypatch.setitem(sys.modules, name, None)  # breakdown() registers the script's module under its name
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        return path
+
+    return write
 
 
-def test_an_on_policy_loop_that_calls_every_phase_gets_a_table(fake_on_policy_script, capsys):
-    fake_on_policy_script.write_text(FAKE_ON_POLICY_SCRIPT)
-    loop_breakdown.breakdown(fake_on_policy_script, [])
-    assert set(times_per_iteration(capsys.readouterr().out)) == set(ON_POLICY_PHASES)
+@pytest.mark.parametrize("name", FAKES)
+def test_a_loop_that_calls_every_phase_gets_a_table(name, write_fake_script, capsys):
+    text, phases, read_table = FAKES[name]
+    loop_breakdown.breakdown(write_fake_script(name, text), [])
+    assert set(read_table(capsys.readouterr().out)) == set(phases)
 
 
 @pytest.mark.parametrize(
-    "call, missing",
-    [
-        ("ppo.policy", "agent.policy"),
-        ("envs.step", "envs.step"),
-        ("ppo.gae", "agent.gae"),
-        ("ppo.update", "agent.update"),
-    ],
+    "name, call, missing",
+    [("sac_fake", *case) for case in OFF_POLICY_PHASE_CALLS]
+    + [("ppo_atari_envpool_fake", *case) for case in ON_POLICY_PHASE_CALLS],
 )
-def test_an_on_policy_loop_without_a_phase_is_an_error(call, missing, fake_on_policy_script, capsys):
-    fake_on_policy_script.write_text(
-        "\n".join(line for line in FAKE_ON_POLICY_SCRIPT.splitlines() if f"{call}(" not in line)
-    )
+def test_a_loop_without_a_phase_is_an_error_not_a_wrong_table(name, call, missing, write_fake_script, capsys):
+    text = "\n".join(line for line in FAKES[name][0].splitlines() if f"{call}(" not in line)
     with pytest.raises(SystemExit, match=rf"^loop_breakdown.py: error: .*does not call {re.escape(missing)}\b[^\n]*$"):
-        loop_breakdown.breakdown(fake_on_policy_script, [])
-    assert "ms per iteration" not in capsys.readouterr().out
+        loop_breakdown.breakdown(write_fake_script(name, text), [])
+    out = capsys.readouterr().out
+    assert "us per step" not in out and "ms per iteration" not in out
