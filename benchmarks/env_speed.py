@@ -7,10 +7,12 @@ leaves to the envs: a figure that travels between machines, where raw sps does n
 
 ppo_continuous_action: its default --num-envs of its default env, with its wrappers (observation and reward
 normalisation, clipping, episode statistics), in a SyncVectorEnv with same-step autoreset, as its __main__ makes
-them. ppo_atari_envpool: its make_envs, with its defaults (envpool, a thread per env). Each repeat steps --iterations
+them. ppo_atari_envpool: its make_envs, with its defaults (envpool, a thread per env), the envs of the distributed
+and the PQN Atari pairs too; in one pool (num_envs 8), and as the Atari twins make them with --env-halves: two pools
+of half the envs, each received from and sent its actions in turn (num_envs 2 x 4). Each repeat steps --iterations
 times after --warmup, the actions drawn before the clock starts; the table gives the median env steps per second
 over repeats and their range. With --results (run.sh's results.jsonl, made on the same machine), each variant's
-median sps is divided by the env's median: 100% would be an agent that costs nothing.
+median sps (of each pair these envs serve) is divided by the envs' median: 100% would be an agent that costs nothing.
 
     python benchmarks/env_speed.py --frames   # on a GPU: what copying ppo_atari_envpool's frames there costs
 
@@ -34,6 +36,9 @@ from speedup_table import fail, read_results, variant  # benchmarks/ is on the p
 LEANRL = pathlib.Path(__file__).resolve().parent.parent / "leanrl"
 sys.path.insert(0, str(LEANRL))  # the scripts import run_utils from their folder
 SCRIPTS = ("ppo_continuous_action", "ppo_atari_envpool")
+# The pairs whose runs a script's envs are the ceiling of: the Atari pairs make the same envs (the same make_envs).
+PAIRS = {"ppo_continuous_action": ("ppo_continuous_action",),
+         "ppo_atari_envpool": ("ppo_atari_envpool", "ppo_atari_envpool_distributed", "pqn_atari_envpool")}  # fmt: skip
 
 
 def load_script(name):
@@ -43,10 +48,14 @@ def load_script(name):
     return module
 
 
-def make_envs(name):
+def make_envs(name, halves=False):
+    """The script's Args and its envs (an Atari script's: a list of its two halves' pools if halves)."""
     module = load_script(name)
     args = module.Args()
-    if name == "ppo_atari_envpool":
+    if hasattr(module, "make_envs"):  # the Atari scripts
+        if halves:
+            size = args.num_envs // 2
+            return args, [module.make_envs(args.env_id, size, args.seed + half * size) for half in range(2)]
         return args, module.make_envs(args.env_id, args.num_envs, args.seed)
     envs = gym.vector.SyncVectorEnv(
         [module.make_env(args.env_id, args.gamma) for _ in range(args.num_envs)],
@@ -71,6 +80,27 @@ def steps_per_second(envs, num_envs, iterations, warmup, after_step=None):
     return iterations * num_envs / (time.perf_counter() - start)
 
 
+def steps_per_second_in_halves(pools, num_envs, iterations, warmup):
+    """As the Atari twins step with --env-halves: each pool is received from, then sent its actions, in turn; while
+    one steps, the other is received from (a twin's policy acts for it then)."""
+    for pool in pools:
+        pool.async_reset()
+        pool.action_space.seed(0)
+    sizes = [pool.config["num_envs"] for pool in pools]
+    actions = [[np.array([pool.action_space.sample() for _ in range(size)]) for pool, size in zip(pools, sizes, strict=True)]
+               for _ in range(iterations + warmup)]  # fmt: skip
+    for step, step_actions in enumerate(actions):
+        if step == warmup:
+            start = time.perf_counter()
+        for pool, action in zip(pools, step_actions, strict=True):
+            pool.recv()
+            pool.send(action)
+    rate = iterations * num_envs / (time.perf_counter() - start)
+    for pool in pools:
+        pool.recv()  # the last steps: no pool is left stepping
+    return rate
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scripts", nargs="+", choices=SCRIPTS, default=list(SCRIPTS))
@@ -87,24 +117,26 @@ if __name__ == "__main__":
     print("| script | env | num_envs | env alone (steps/s) | variant | sps, median | sps / env alone |")
     print("|---|---|---|---|---|---|---|")
     for name in args.scripts:
-        script_args, envs = make_envs(name)
-        rates = [
-            steps_per_second(envs, script_args.num_envs, args.iterations, args.warmup) for _ in range(args.repeats)
-        ]
-        envs.close()
-        env_rate = statistics.median(rates)
-        row = f"| {name} | {script_args.env_id} | {script_args.num_envs} | {env_rate:.0f} [{min(rates):.0f}, {max(rates):.0f}]"
-        runs = [
-            result for result in results if result["script"].removesuffix(".py").removesuffix("_torchcompile") == name
-        ]
-        by_variant = {}
-        for result in runs:
-            by_variant.setdefault(variant(result), []).append(result["sps"])
-        if not by_variant:
-            print(f"{row} | | | |")
-        for label, values in by_variant.items():
-            sps = statistics.median(values)
-            print(f"{row} | {label} | {sps:.0f} | {sps / env_rate:.0%} |")
+        for halves in (False, True) if "atari" in name else (False,):
+            script_args, envs = make_envs(name, halves)
+            measure = steps_per_second_in_halves if halves else steps_per_second
+            rates = [measure(envs, script_args.num_envs, args.iterations, args.warmup) for _ in range(args.repeats)]
+            for pool in envs if halves else [envs]:
+                pool.close()
+            env_rate = statistics.median(rates)
+            num_envs = f"2 x {script_args.num_envs // 2}" if halves else script_args.num_envs
+            row = f"| {name} | {script_args.env_id} | {num_envs} | {env_rate:.0f} [{min(rates):.0f}, {max(rates):.0f}]"
+            by_variant = {}
+            for result in results:
+                pair = result["script"].removesuffix(".py").removesuffix("_torchcompile")
+                if pair in PAIRS[name]:
+                    label = variant(result) if pair == name else f"{pair}: {variant(result)}"
+                    by_variant.setdefault(label, []).append(result["sps"])
+            if not by_variant:
+                print(f"{row} | | | |")
+            for label, values in by_variant.items():
+                sps = statistics.median(values)
+                print(f"{row} | {label} | {sps:.0f} | {sps / env_rate:.0%} |")
 
     if args.frames:
         cuda = torch.device("cuda")

@@ -3,6 +3,7 @@
 import os
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Literal
 
 import envpool
 import numpy as np
@@ -66,6 +67,8 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """if toggled, the update, action selection and advantage estimation are compiled with torch.compile"""
     cudagraphs: bool = False
     """if toggled, the update, action selection and advantage estimation are captured in CUDA graphs (CUDA only)"""
+    env_halves: Literal["auto", "on", "off"] = "auto"
+    """step the envs as two pools of half each, one stepping while the policy acts for the other (needs an even --num-envs): on, off (one pool), or auto: on where the policy runs on a GPU"""
 
 
 # What makes the agent: a checkpoint made with other values of these is refused by --resume.
@@ -348,9 +351,17 @@ if __name__ == "__main__":
         (run.checkpoint["iteration"], run.checkpoint["global_step"]) if run.checkpoint else (0, 0)
     )
 
-    # A resumed run starts new games, on envs seeded by the step it resumes at.
-    envs = make_envs(args.env_id, args.num_envs, args.seed + start_step)
-    ppo = build_ppo(envs.action_space.n, args, device)
+    # Two halves where the policy runs on a GPU: the envs step in envpool's threads while the host acts for the other
+    # half. On a CPU, torch's threads and envpool's share the cores: it measured no faster (docs/ppo_atari.md).
+    halves = args.env_halves == "on" or (args.env_halves == "auto" and device.type == "cuda")
+    if halves and args.num_envs % 2:
+        print(f"{run.script}: {args.num_envs} envs do not split in two halves: they step as one pool")
+    num_pools = 2 if halves and args.num_envs % 2 == 0 else 1
+    pool_size = args.num_envs // num_pools
+    # A resumed run starts new games, on envs seeded by the step it resumes at. envpool seeds env i of a pool with
+    # seed + i, so the second half's pool starts at seed + pool_size: every env plays the games of one pool.
+    env_pools = [make_envs(args.env_id, pool_size, args.seed + start_step + p * pool_size) for p in range(num_pools)]
+    ppo = build_ppo(env_pools[0].action_space.n, args, device)
     if run.checkpoint:
         ppo.load_state_dict(run.checkpoint["agent"])
         run_utils.set_rng_state(run.checkpoint["rng"])
@@ -359,13 +370,28 @@ if __name__ == "__main__":
         """A PPO checkpoint: the step, the iterations done (where the learning-rate schedule goes on) and the agent."""
         run.save_checkpoint(global_step=global_step, iteration=global_step // batch_size, agent=ppo.state_dict())
 
-    next_obs, _ = envs.reset()
+    def receive(pool):
+        """Wait for a pool's step, file what it returned in the rollout step it was sent from."""
+        obs, reward, terminations, truncations, infos = env_pools[pool].recv()
+        # The game's real return: its unclipped rewards summed over all lives, until the game is over
+        # (infos["terminated"]) or cut by the time limit.
+        pool_returns = game_returns[pool * pool_size : (pool + 1) * pool_size]  # a view: += writes into game_returns
+        pool_returns += infos["reward"]
+        for index in np.flatnonzero(infos["terminated"].astype(bool) | truncations):
+            run.episode(float(pool_returns[index]), global_step)
+            pool_returns[index] = 0.0
+        sent[pool].update(rewards=reward, time_limits=(truncations & ~terminations).astype(np.float32))
+        next_obs[pool] = frames_to_device(obs)
+        next_done[pool] = (terminations | truncations).astype(np.float32)
+
+    next_obs = [envs.reset()[0] for envs in env_pools]
     # Frames stay uint8 until the network divides them by 255: a quarter of the memory and copies of float32.
     # To a GPU through one pinned buffer: the transfer runs while the host goes on to launch the policy.
-    frames_to_device = run_utils.make_frames_to_device(next_obs.shape, device)
-    next_obs = frames_to_device(next_obs)
-    next_done = np.zeros(args.num_envs, dtype=np.float32)
+    frames_to_device = run_utils.make_frames_to_device(next_obs[0].shape, device)
+    next_obs = [frames_to_device(obs) for obs in next_obs]
+    next_done = [np.zeros(pool_size, dtype=np.float32) for _ in env_pools]
     game_returns = np.zeros(args.num_envs)  # each env's unclipped score since its game started, over all lives
+    sent = [None] * num_pools  # each pool's step in flight: the rollout entry its results go to
     global_step = start_step
     run.progress(start_step, num_iterations * batch_size)
     for iteration in range(start_iteration + 1, num_iterations + 1):
@@ -383,41 +409,38 @@ if __name__ == "__main__":
         # The rollout's tensors are collected in lists and stacked once: cheaper than a write per step and key.
         # The env's outputs stay numpy until then: one host-to-device copy per rollout instead of one per step.
         steps, env_steps = [], []
-        for _ in range(args.num_steps):
+        for step in range(args.num_steps):
+            # Pools in turn, each waited for just before it acts: its step ran while the policy acted for the other.
+            for pool, envs in enumerate(env_pools):
+                if step > 0:
+                    receive(pool)
+                action, logprob, value = ppo.policy(next_obs[pool])
+                steps.append(dict(obs=next_obs[pool], actions=action, logprobs=logprob, values=value))
+                env_steps.append(dict(dones=next_done[pool]))
+                sent[pool] = env_steps[-1]
+                envs.send(action.cpu().numpy())
             global_step += args.num_envs
-            action, logprob, value = ppo.policy(next_obs)
-            steps.append(dict(obs=next_obs, actions=action, logprobs=logprob, values=value))
-            env_steps.append(dict(dones=next_done))
-
-            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-            # The game's real return: its unclipped rewards summed over all lives, until the game is over
-            # (infos["terminated"]) or cut by the time limit.
-            game_returns += infos["reward"]
-            for index in np.flatnonzero(infos["terminated"].astype(bool) | truncations):
-                run.episode(float(game_returns[index]), global_step)
-                game_returns[index] = 0.0
-            env_steps[-1].update(rewards=reward, time_limits=(truncations & ~terminations).astype(np.float32))
-            next_obs = frames_to_device(next_obs)
-            next_done = (terminations | truncations).astype(np.float32)
+        for pool in range(num_pools):
+            receive(pool)
 
         rollout = TensorDict(
             {
                 **{key: torch.stack([s[key] for s in steps]) for key in steps[0]},
                 **{key: torch.as_tensor(np.stack([s[key] for s in env_steps]), device=device) for key in env_steps[0]},
             },
-            [args.num_steps, args.num_envs],
-        )
+            [args.num_steps * num_pools, pool_size],
+        ).reshape(args.num_steps, args.num_envs)  # [step, pool, env of the pool] is [step, env]
 
         # A time limit is not a failure: a truncated episode is bootstrapped from the value of its last frame,
         # the observation that follows it. A termination (a lost life) gets no bootstrap.
-        next_value = ppo.value(next_obs)
+        next_value = ppo.value(torch.cat(next_obs))
         next_values = torch.cat([rollout["values"][1:], next_value[None]])
         rollout["advantages"] = ppo.gae(
             rollout["rewards"] + args.gamma * next_values * rollout["time_limits"],
             rollout["values"],
             rollout["dones"],
             next_value,
-            torch.as_tensor(next_done, device=device),
+            torch.as_tensor(np.concatenate(next_done), device=device),
         )
         rollout["returns"] = rollout["advantages"] + rollout["values"]
         rollout["mask"] = 1.0 - rollout["dones"]
@@ -438,5 +461,6 @@ if __name__ == "__main__":
             break
         if run.checkpoint_due(global_step, batch_size):
             save_checkpoint()
-    envs.close()
+    for envs in env_pools:
+        envs.close()
     run.finish(global_step, save_checkpoint, evaluation_policy)

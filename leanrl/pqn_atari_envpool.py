@@ -142,10 +142,10 @@ class QNetwork(nn.Module):
 
 def epsilon_greedy(q_values, epsilon):
     """Per row, a uniformly random action with probability epsilon, else the action of the highest Q value. One
-    draw of the generator serves both choices of every row."""
-    uniform = torch.rand((2, q_values.shape[0]), device=q_values.device)
-    random_actions = (uniform[1] * q_values.shape[1]).long()
-    return torch.where(uniform[0] < epsilon, random_actions, q_values.argmax(1))
+    draw of the generator serves both choices of every row, row after row."""
+    uniform = torch.rand((q_values.shape[0], 2), device=q_values.device)
+    random_actions = (uniform[:, 1] * q_values.shape[1]).long()
+    return torch.where(uniform[:, 0] < epsilon, random_actions, q_values.argmax(1))
 
 
 def compute_q_lambda_returns(rewards, values, dones, next_value, next_done, gamma, q_lambda):

@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -575,15 +576,20 @@ COMMON_FIELDS = ("exp_name", "seed", "torch_deterministic", "cuda", "track", "wa
                  "checkpoint_every", "resume", "eval_episodes", "capture_video")  # fmt: skip
 
 
-def check_args_of_the_pair_match(plain_name, twin_name, expected_defaults):
-    """The twin has the plain script's fields (same order, types, defaults) plus compile and cudagraphs (False).
+def check_args_of_the_pair_match(plain_name, twin_name, expected_defaults, speed_fields=None):
+    """The twin has the plain script's fields (same order, types, defaults) plus compile and cudagraphs (False), and
+    speed_fields ({field: default}: how a speed trick runs, not what the agent computes), after them.
 
     Both have the fields every script has (CONVENTIONS.md); expected_defaults: {field: CleanRL's default}.
     """
     plain, twin = args_fields(load_script(plain_name)), args_fields(load_script(twin_name))
-    assert set(twin) - set(plain) == TWIN_ONLY_FIELDS
+    speed_fields = speed_fields or {}
+    assert set(twin) - set(plain) == TWIN_ONLY_FIELDS | set(speed_fields)
     assert set(plain) <= set(twin)
-    assert [name for name in twin if name not in TWIN_ONLY_FIELDS] == list(plain), "shared fields in another order"
+    assert list(twin)[len(twin) - len(speed_fields) :] == list(speed_fields)
+    assert [name for name in twin if name in plain] == list(plain), "shared fields in another order"
+    for name, default in speed_fields.items():
+        assert field_default(twin[name]) == default, name
     for name, field in plain.items():
         assert twin[name].type == field.type, f"{name}: type {twin[name].type} vs {field.type}"
         if name == "exp_name":  # defaults to the script's own name
@@ -1056,3 +1062,126 @@ def check_signal_stops_the_run(name, flags, signum, tmp_path, total_timesteps=10
     resumed = read_results(results)[-1]
     assert (resumed["interrupted"], resumed["cut"], resumed["model_path"]) == (False, None, str(model)), resumed
     assert resumed["steps_done"] >= finish and is_number(resumed["eval_return"]), resumed
+
+
+# --- The Atari twins' envs in two halves ------------------------------------------------------------------------
+
+
+class FixedActionPool:
+    """An envpool pool whose envs play fixed actions, whatever the agent chose (each env its own sequence, by its
+    index among the run's envs and its step count), and that records what each env returned, step by step."""
+
+    def __init__(self, envs, first_env, record):
+        self._envs, self.first_env, self.record = envs, first_env, record
+        self.env_ids = first_env + np.arange(envs.config["num_envs"])
+        self.steps = 0
+
+    def __getattr__(self, name):
+        return getattr(self._envs, name)
+
+    def reset(self):
+        obs, info = self._envs.reset()
+        for env, frames in zip(self.env_ids, obs, strict=True):
+            self.record.setdefault(int(env), []).append(dict(frames=frames.copy()))
+        return obs, info
+
+    def send(self, action):
+        self._envs.send((self.env_ids * 5 + self.steps**2) % self._envs.action_space.n)
+        self.steps += 1
+
+    def recv(self):
+        obs, reward, terminations, truncations, infos = self._envs.recv()
+        for index, env in enumerate(self.env_ids):
+            self.record[int(env)].append(dict(frames=obs[index].copy(), reward=reward[index],
+                                              termination=terminations[index], truncation=truncations[index],
+                                              game_reward=infos["reward"][index],
+                                              game_over=infos["terminated"][index]))  # fmt: skip
+        return obs, reward, terminations, truncations, infos
+
+
+def _fixed_action_run(name, flags, max_episode_steps, keep_checkpoint=None):
+    """A run of name in this process, its envs FixedActionPools with this time limit: (its globals, {env index: the
+    steps it recorded}, the pools' sizes). keep_checkpoint=(step, path): the checkpoint of that step copied there."""
+    import envpool
+
+    real_make, real_save, record, pools = envpool.make, torch.save, {}, []
+
+    def make(*args, seed, **kwargs):
+        envs = real_make(*args, seed=seed, max_episode_steps=max_episode_steps, **kwargs)
+        pools.append((seed, envs.config["num_envs"]))
+        return FixedActionPool(envs, seed - pools[0][0], record)  # envpool seeds env i of a pool with seed + i
+
+    def save(obj, path, *args, **kwargs):
+        real_save(obj, path, *args, **kwargs)
+        if keep_checkpoint and isinstance(obj, dict) and obj.get("global_step") == keep_checkpoint[0]:
+            real_save(obj, keep_checkpoint[1])
+
+    with pytest.MonkeyPatch.context() as patch, one_torch_thread():
+        patch.setattr(envpool, "make", make)
+        patch.setattr(torch, "save", save)
+        run_globals = run_in_process(name, *flags, "--eval-episodes", "0")
+    return run_globals, record, [size for _, size in pools]
+
+
+def check_env_halves_play_the_games_of_one_pool(name, flags, tmp_path):
+    """--env-halves on (two pools of 2 envs, stepped in turn) against off (one pool of 4), on Asterix with fixed actions
+    and a time limit of 70 steps, in a run of 5 iterations of 4 x 32 steps and in that run resumed from its checkpoint
+    after 2: each env's frames, rewards, terminations, truncations and game rewards are the same step by step, and so
+    are the games' real returns the run reports and its last rollout's reset mask. flags: the run's, but for --env-id,
+    --num-envs and the budget."""
+    flags = ("--env-id", "Asterix-v5", "--num-envs", "4", *flags, "--total-timesteps", 5 * 4 * 32, "--save-model",
+             "--checkpoint-every", 2 * 4 * 32)  # fmt: skip
+    runs = {}
+    for halves in ("on", "off"):
+        run_flags = (*flags, "--model-path", tmp_path / halves / "agent.pt", "--env-halves", halves)
+        resume_path = tmp_path / halves / "after-2.pt"
+        runs[halves] = [
+            _fixed_action_run(name, run_flags, max_episode_steps=70, keep_checkpoint=(2 * 4 * 32, resume_path)),
+            _fixed_action_run(name, (*run_flags, "--resume", resume_path), max_episode_steps=70),
+        ]
+    lives_lost = 0
+    for iterations, on_run, off_run in zip((5, 3), *runs.values(), strict=True):
+        (on_globals, on_record, on_pools), (off_globals, off_record, off_pools) = on_run, off_run
+        assert (on_pools, off_pools) == ([2, 2], [4])
+        assert sorted(on_record) == sorted(off_record) == [0, 1, 2, 3]
+        for env in off_record:
+            assert len(on_record[env]) == len(off_record[env]) == 1 + iterations * 32  # the reset, then the steps
+            for step, (on_step, off_step) in enumerate(zip(on_record[env], off_record[env], strict=True)):
+                assert on_step.keys() == off_step.keys()
+                for key in off_step:
+                    np.testing.assert_array_equal(on_step[key], off_step[key], err_msg=f"env {env}, step {step}: {key}")
+        steps = [step for env in off_record.values() for step in env[1:]]
+        assert any(step["truncation"] for step in steps), "no time limit reached"
+        lives_lost += sum(step["termination"] for step in steps)
+        assert on_globals["episode_returns"] == off_globals["episode_returns"]
+        assert any(episode_return > 0 for episode_return in off_globals["episode_returns"]), "no game scored"
+        mask = off_globals["rollout"]["mask"]
+        assert (mask == 0).any(), "no reset step in the last rollout: the mask proves nothing"
+        torch.testing.assert_close(on_globals["rollout"]["mask"], mask, rtol=0, atol=0)
+    assert lives_lost, "no life lost"
+
+
+def check_an_odd_number_of_envs_steps_as_one_pool(name, flags):
+    """--env-halves on with 3 envs, or 1: one pool, said in one line; with 2, two pools and no such line."""
+    import envpool
+
+    real_make, pools = envpool.make, []
+
+    def make(*args, **kwargs):
+        pools.append(kwargs["num_envs"])
+        return real_make(*args, **kwargs)
+
+    for num_envs, expected_pools in ((3, [3]), (1, [1]), (2, [1, 1])):
+        pools.clear()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(envpool, "make", make)
+            completed = run_script_in_process(name, *flags, "--num-envs", num_envs, "--total-timesteps", num_envs * 8,
+                                              "--env-halves", "on", "--eval-episodes", "0")  # fmt: skip
+        assert completed.returncode == 0, describe(completed)
+        assert pools == expected_pools
+        said = [line for line in completed.stdout.splitlines() if "halves" in line]
+        assert len(said) == (num_envs % 2), said
+        for line in said:
+            assert re.fullmatch(
+                rf"\S+: {num_envs} envs( a process)? do not split in two halves: they step as one pool", line
+            )

@@ -32,22 +32,26 @@ def test_each_variant_against_the_envs_alone(tmp_path):
             result(*continuous, "plain", 1, 100.0),
             result(*continuous, "plain", 2, 300.0),
             result(*continuous, "twin+compile", 1, 150.0),
+            result("pqn_atari_envpool", "pqn_atari", "Breakout-v5", "twin+compile", 1, 50.0),  # the Atari envs' pair
             result("sac_continuous_action", "sac", "HalfCheetah-v5", "plain", 1, 10.0),  # not in the PPO rows
         ],
     )
     rows = run_tool("--results", results)
-    assert len(rows) == 3, rows  # two variants of continuous PPO, and Atari with no runs
+    # Two variants of continuous PPO; the Atari envs in one pool and in two halves, each with PQN Atari's run.
+    assert len(rows) == 4, rows
     by_variant = {}
     for script, env_id, num_envs, env_rate, variant, sps, share in (map(str.strip, row) for row in rows):
         env_steps = float(env_rate.split()[0])
         assert env_steps > 0
-        by_variant[(script, variant)] = (env_id, int(num_envs), sps, share, env_steps)
-    env_id, num_envs, sps, share, env_steps = by_variant[("ppo_continuous_action", "plain")]
-    assert (env_id, num_envs, sps) == ("HalfCheetah-v5", 1, "200")  # the median of 100 and 300
+        by_variant[(script, num_envs, variant)] = (env_id, sps, share, env_steps)
+    env_id, sps, share, env_steps = by_variant[("ppo_continuous_action", "1", "plain")]
+    assert (env_id, sps) == ("HalfCheetah-v5", "200")  # the median of 100 and 300
     assert abs(int(share.rstrip("%")) - 100 * 200 / env_steps) <= 1  # the table rounds the env's speed
-    assert by_variant[("ppo_continuous_action", "twin+compile")][2] == "150"
-    env_id, num_envs, sps, share, _ = by_variant[("ppo_atari_envpool", "")]
-    assert (env_id, num_envs, sps, share) == ("Breakout-v5", 8, "", "")
+    assert by_variant[("ppo_continuous_action", "1", "twin+compile")][1] == "150"
+    for num_envs in ("8", "2 x 4"):
+        env_id, sps, share, env_steps = by_variant[("ppo_atari_envpool", num_envs, "pqn_atari_envpool: twin+compile")]
+        assert (env_id, sps) == ("Breakout-v5", "50")
+        assert abs(int(share.rstrip("%")) - 100 * 50 / env_steps) <= 1
 
 
 def test_a_malformed_results_file_is_refused_in_one_line_under_its_own_name(tmp_path):

@@ -21,11 +21,13 @@ from conftest import (
     assert_leaves_close,
     assert_params_close_after_steps,
     assert_same_state,
+    check_an_odd_number_of_envs_steps_as_one_pool,
     check_args_of_the_pair_match,
     check_bad_checkpoints_are_refused,
     check_bad_input,
     check_bad_input_in_process,
     check_checkpoints_load_across_the_pair,
+    check_env_halves_play_the_games_of_one_pool,
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
     check_resume_continues_the_run,
@@ -393,7 +395,7 @@ def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
     expected = dict(env_id="Breakout-v5", total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128,
                     anneal_lr=True, gamma=0.99, gae_lambda=0.95, num_minibatches=4, update_epochs=4, norm_adv=True,
                     clip_coef=0.1, clip_vloss=True, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, target_kl=None)  # fmt: skip
-    check_args_of_the_pair_match(PLAIN, TWIN, expected)
+    check_args_of_the_pair_match(PLAIN, TWIN, expected, speed_fields={"env_halves": "auto"})
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -446,7 +448,7 @@ RUN = ("--env-id", "Asterix-v5", "--num-envs", "2", "--num-steps", "128", "--tot
 
 
 class RecordingEnvs:
-    """An envpool env that keeps a copy of what each step returned."""
+    """An envpool env that keeps a copy of what each step returned (the twin steps with send and recv)."""
 
     def __init__(self, envs):
         self._envs = envs
@@ -456,7 +458,11 @@ class RecordingEnvs:
         return getattr(self._envs, name)
 
     def step(self, action):
-        obs, reward, terminated, truncated, info = self._envs.step(action)
+        self._envs.send(action)
+        return self.recv()
+
+    def recv(self):
+        obs, reward, terminated, truncated, info = self._envs.recv()
         self.steps.append(
             dict(
                 clipped_reward=reward.copy(),
@@ -745,3 +751,22 @@ def test_video_of_the_evaluation(tmp_path, monkeypatch):
 def test_signal_stops_the_run_with_a_checkpoint(name, signum, tmp_path):
     """The handler is the same code in both scripts: each script meets one of the two signals."""
     check_signal_stops_the_run(name, TINY_FLAGS, signum, tmp_path)
+
+
+# --- 9. The envs in two halves ----------------------------------------------------------------------------------
+
+HALVES_FLAGS = ("--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1")
+
+
+def test_env_halves_play_the_games_of_one_pool(tmp_path):
+    check_env_halves_play_the_games_of_one_pool(TWIN, HALVES_FLAGS, tmp_path)
+
+
+def test_twin_with_env_halves_plays_the_plain_scripts_games(recorded_run):
+    """The policy acts for one half, then the other: the same draws in the same order as for all envs at once."""
+    plain_returns = recorded_run(PLAIN, 1)[0]["episode_returns"]
+    assert run_in_process(TWIN, *RUN, "--seed", 1, "--env-halves", "on")["episode_returns"] == plain_returns
+
+
+def test_an_odd_number_of_envs_steps_as_one_pool():
+    check_an_odd_number_of_envs_steps_as_one_pool(TWIN, ("--num-steps", "8", "--num-minibatches", "1"))

@@ -29,9 +29,11 @@ from conftest import (
     args_fields,
     assert_leaves_close,
     assert_same_state,
+    check_an_odd_number_of_envs_steps_as_one_pool,
     check_args_of_the_pair_match,
     check_bad_checkpoints_are_refused,
     check_bad_input_in_process,
+    check_env_halves_play_the_games_of_one_pool,
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
     check_resume_continues_the_run,
@@ -305,7 +307,7 @@ def test_args_of_the_pair_match_and_are_those_of_the_single_process_pair():
     flags, with the same defaults (--num-envs is the number of envs over all ranks)."""
     expected = dict(env_id="Breakout-v5", total_timesteps=10_000_000, num_envs=8, num_steps=128, num_minibatches=4,
                     update_epochs=4, target_kl=None)  # fmt: skip
-    check_args_of_the_pair_match(PLAIN, TWIN, expected)
+    check_args_of_the_pair_match(PLAIN, TWIN, expected, speed_fields={"env_halves": "auto"})
     for name in SCRIPTS:
         fields, single_fields = args_fields(load_script(name)), args_fields(load_script(SINGLE_PROCESS[name]))
         assert list(fields) == list(single_fields)
@@ -418,3 +420,22 @@ def test_plain_results_line_is_appended(tmp_path):
 
 def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
     check_twin_runs_with_every_flag_combination(TWIN, "ppo_atari_distributed", tmp_path, tiny=TINY)
+
+
+# --- 7. The envs of a process in two halves ---------------------------------------------------------------------
+
+HALVES_FLAGS = ("--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1")
+
+
+def test_env_halves_play_the_games_of_one_pool(tmp_path):
+    check_env_halves_play_the_games_of_one_pool(TWIN, HALVES_FLAGS, tmp_path)
+
+
+def test_twin_with_env_halves_plays_the_single_process_games():
+    """A world of one with its envs in two halves plays the single-process plain script's games."""
+    single = run_in_process(SINGLE_PROCESS[PLAIN], *WORLD_OF_ONE_RUN)
+    assert run_in_process(TWIN, *WORLD_OF_ONE_RUN, "--env-halves", "on")["episode_returns"] == single["episode_returns"]
+
+
+def test_an_odd_number_of_envs_steps_as_one_pool():
+    check_an_odd_number_of_envs_steps_as_one_pool(TWIN, ("--num-steps", "8", "--num-minibatches", "1"))
