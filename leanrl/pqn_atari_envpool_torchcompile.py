@@ -404,9 +404,8 @@ if __name__ == "__main__":
         # The env's outputs stay numpy until then: one host-to-device copy per rollout instead of one per step.
         steps, env_steps = [], []
         for step in range(args.num_steps):
-            epsilon = epsilon_at(
-                global_step + args.num_envs, args
-            )  # at the step count this step reaches, as in CleanRL
+            # Epsilon at the step count this step reaches, as in CleanRL.
+            epsilon = epsilon_at(global_step + args.num_envs, args)
             epsilon_tensor.fill_(epsilon)  # in place: the compiled and captured policy read this tensor
             # Pools in turn, each waited for just before it acts: its step ran while the policy acted for the other.
             for pool, envs in enumerate(env_pools):
