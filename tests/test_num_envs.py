@@ -61,6 +61,11 @@ LEARNING_STARTS, OVERWRITTEN = 450, 100  # rows 0..99 were rewritten by steps 50
 # 1e-7), where another run (the plain script's, which draws its batches otherwise) is 1.1 (TD3) and 7.4 (SAC) away in
 # its furthest entry, and its returns 3 to 30%.
 RANDOM_RTOL, LEARNED_RTOL = 1e-6, 1e-3
+# Adam's first moments hold the last few batches' gradients, where a host's rounding can flip which of two close Q
+# values is the smaller for a sample, so its gradient comes through the other critic: on a 2-core Xeon (AVX-512) the
+# plain SAC's actor moments were 1.6e-2 from the reference, its returns 7e-9 and every other entry under 6e-4; a run of
+# seed 2 instead of 1 has moments 2.2e-2 to 10 from it.
+MOMENT_RTOL = 5e-2
 
 
 def values(checkpoint):
@@ -117,15 +122,22 @@ def gap(actual, expected):
                abs(actual["l2"] - expected["l2"]) / max(expected["l2"], 1e-30))  # fmt: skip
 
 
+def tolerance(where):
+    """How far a host's rounding may move a checkpoint's float entry from the reference (relative, as in gap)."""
+    if where.endswith("[random steps]"):
+        return RANDOM_RTOL
+    return MOMENT_RTOL if where.endswith("/exp_avg") else LEARNED_RTOL
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_one_env_is_the_run_before_num_envs(variant, tmp_path):
     """The run of each script on one env, the twins eager and compiled, against the run that the scripts of commit
     1af5c19, before --num-envs, made of it (tests/num_envs_1_reference.json): exactly, what any host computes alike
     (the step counts, the random generators' states after the run: as many numbers drawn from each); to
     RANDOM_RTOL, what comes before the first update (the first episode, the replay rows of random steps); to
-    LEARNED_RTOL, what comes after (the other episodes, the evaluation, the networks, the optimizers' moments and the
-    replay rows of the learned policy), where the CPU kernels of two hosts round differently. On the host that wrote
-    the reference (an AMD EPYC, AVX2) the runs agree bit for bit."""
+    LEARNED_RTOL, what comes after (the other episodes, the evaluation, the networks, Adam's second moments and the
+    replay rows of the learned policy), where the CPU kernels of two hosts round differently; to MOMENT_RTOL, Adam's
+    first moments. On the host that wrote the reference (an AMD EPYC, AVX2) the runs agree bit for bit."""
     name, flags = VARIANTS[variant]
     reference = json.loads(REFERENCE.read_text())[variant]
     results = tmp_path / "results.jsonl"
@@ -153,7 +165,7 @@ def test_one_env_is_the_run_before_num_envs(variant, tmp_path):
     far = {
         where: f"{gap(entries[where], value):.2g}"
         for where, value in floats.items()
-        if gap(entries[where], value) > (RANDOM_RTOL if where.endswith("[random steps]") else LEARNED_RTOL)
+        if gap(entries[where], value) > tolerance(where)
     }
     assert not far, f"entries further from the run before --num-envs than a host's rounding moves them: {far}"
 
