@@ -406,12 +406,9 @@ if __name__ == "__main__":
             print(f"{run.script}: a world of {world_size} process(es) ({backend}), each with {rank_num_envs} envs "
                   f"and {threads} thread(s)")  # fmt: skip
 
-    # Two halves where the policy runs on a GPU: the envs step in envpool's threads while the host acts for the other
-    # half. On a CPU, torch's threads and envpool's share the cores: it measured no faster (docs/ppo_atari.md).
-    halves = args.env_halves == "on" or (args.env_halves == "auto" and device.type == "cuda")
-    if halves and rank_num_envs % 2 and rank == 0:
-        print(f"{run.script}: {rank_num_envs} envs a process do not split in two halves: they step as one pool")
-    num_pools = 2 if halves and rank_num_envs % 2 == 0 else 1
+    # Two halves where the policy runs on a GPU: one half steps in envpool's threads while the host acts for the other.
+    odd_envs = f"{run.script}: {rank_num_envs} envs a process" if rank == 0 else None  # said once, by rank 0
+    num_pools = run_utils.env_pool_count(args.env_halves, rank_num_envs, device, odd_envs)
     pool_size = rank_num_envs // num_pools
     # Rank r runs the envs r * rank_num_envs ... of a single process, with their seeds (envpool seeds its env i with
     # seed + i): a world of 2 plays the games of a world of 1. A resumed run starts new games, on envs seeded by

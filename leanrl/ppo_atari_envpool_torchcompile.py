@@ -351,12 +351,8 @@ if __name__ == "__main__":
         (run.checkpoint["iteration"], run.checkpoint["global_step"]) if run.checkpoint else (0, 0)
     )
 
-    # Two halves where the policy runs on a GPU: the envs step in envpool's threads while the host acts for the other
-    # half. On a CPU, torch's threads and envpool's share the cores: it measured no faster (docs/ppo_atari.md).
-    halves = args.env_halves == "on" or (args.env_halves == "auto" and device.type == "cuda")
-    if halves and args.num_envs % 2:
-        print(f"{run.script}: {args.num_envs} envs do not split in two halves: they step as one pool")
-    num_pools = 2 if halves and args.num_envs % 2 == 0 else 1
+    # Two halves where the policy runs on a GPU: one half steps in envpool's threads while the host acts for the other.
+    num_pools = run_utils.env_pool_count(args.env_halves, args.num_envs, device, f"{run.script}: {args.num_envs} envs")
     pool_size = args.num_envs // num_pools
     # A resumed run starts new games, on envs seeded by the step it resumes at. envpool seeds env i of a pool with
     # seed + i, so the second half's pool starts at seed + pool_size: every env plays the games of one pool.

@@ -391,6 +391,19 @@ def make_frames_to_device(shape, device):
     return frames_to_device
 
 
+def env_pool_count(env_halves, num_envs, device, odd_envs):
+    """How many envpool pools the Atari twins step their envs in (their --env-halves): two halves, one stepping in
+    envpool's threads while the policy acts for the other, with "on", or with "auto" where the policy runs on CUDA; one
+    on a CPU, where torch's threads and envpool's share the cores (halves measured no faster, docs/ppo_atari.md), and
+    for an odd number of envs, which prints "<odd_envs> do not split in two halves" unless odd_envs is None."""
+    halves = env_halves == "on" or (env_halves == "auto" and device.type == "cuda")
+    if halves and num_envs % 2:
+        if odd_envs is not None:
+            print(f"{odd_envs} do not split in two halves: they step as one pool")
+        return 1
+    return 2 if halves else 1
+
+
 def keep_freed_memory():
     """Have glibc's malloc keep the memory a process frees (up to 1 GiB) and serve blocks up to 32 MiB from it: an
     Atari twin frees and allocates tens of MB of activations every update, and memory given back to the kernel costs

@@ -259,3 +259,16 @@ def test_atari_frames_reach_the_device_unchanged(device):
     for copied, frames in zip(on_device, batches, strict=True):
         assert copied.dtype == torch.uint8 and copied.device.type == "cuda"
         assert torch.equal(copied.cpu(), torch.from_numpy(frames))
+
+
+def test_env_halves_split_an_even_number_of_envs_where_asked_or_on_cuda(capsys):
+    """The Atari twins' --env-halves: two pools with "on", or with "auto" on CUDA; one on a CPU, with "off", and for
+    an odd number of envs, said in one line (by whoever is given the words)."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # a device object needs no GPU
+    assert [run_utils.env_pool_count(halves, 8, cpu, "x: 8 envs") for halves in ("auto", "on", "off")] == [1, 2, 1]
+    assert [run_utils.env_pool_count(halves, 8, cuda, "x: 8 envs") for halves in ("auto", "on", "off")] == [2, 2, 1]
+    assert capsys.readouterr().out == ""
+    assert run_utils.env_pool_count("auto", 3, cuda, "x: 3 envs") == 1
+    assert capsys.readouterr().out == "x: 3 envs do not split in two halves: they step as one pool\n"
+    assert run_utils.env_pool_count("on", 1, cpu, None) == 1
+    assert capsys.readouterr().out == ""
