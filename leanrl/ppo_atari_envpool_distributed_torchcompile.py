@@ -225,8 +225,6 @@ def build_ppo(num_actions, args, device):
     # count and the normalised advantages come from update: the collectives stay outside the compiled code.
     def loss_backward(minibatch, count):
         obs, actions, logprobs = minibatch["obs"], minibatch["actions"], minibatch["logprobs"]
-        # Channels-last frames: at the update's batch, oneDNN's convolutions (forward and backward) run fastest so.
-        obs = obs.contiguous(memory_format=torch.channels_last)
         advantages, returns, values = minibatch["advantages"], minibatch["returns"], minibatch["values"]
         mask = minibatch["mask"]  # 0 for envpool's reset steps (see the rollout), 1 elsewhere
         _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
@@ -528,6 +526,9 @@ if __name__ == "__main__":
 
         # Optimize the policy and value network: each rank's minibatch is its share of a global one.
         batch = rollout.reshape(-1)  # flatten the batch
+        # Channels-last frames, where oneDNN's convolutions run fastest at the update's batch: made once an iteration,
+        # the epochs' gathers and minibatches keep the order, so no update call transposes its frames.
+        batch["obs"] = batch["obs"].contiguous(memory_format=torch.channels_last)
         for _ in range(args.update_epochs):
             # One gather per epoch for every key at once; the minibatches are then views of it.
             shuffled = batch[torch.randperm(rank_batch_size, device=device)]

@@ -225,8 +225,6 @@ def build_pqn(num_actions, args, device):
     # The loss and its backward pass in one function, so that --compile turns both into a single graph.
     def loss_backward(minibatch):
         obs, actions, returns = minibatch["obs"], minibatch["actions"], minibatch["returns"]
-        # Channels-last frames: at the update's batch, oneDNN's convolutions (forward and backward) run fastest so.
-        obs = obs.contiguous(memory_format=torch.channels_last)
         mask = minibatch["mask"]  # 0 for envpool's reset steps (see the rollout), 1 elsewhere
         q_values = qnet(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
         loss = masked_mean((q_values - returns) ** 2, mask)
@@ -437,6 +435,9 @@ if __name__ == "__main__":
 
         # Regress the Q values of the actions taken onto their returns, a few epochs of minibatches.
         batch = rollout.select("obs", "actions", "returns", "mask").reshape(-1)  # flatten the batch
+        # Channels-last frames, where oneDNN's convolutions run fastest at the update's batch: made once an iteration,
+        # the epochs' gathers and minibatches keep the order, so no update call transposes its frames.
+        batch["obs"] = batch["obs"].contiguous(memory_format=torch.channels_last)
         for _ in range(args.update_epochs):
             # One gather per epoch for every key at once; the minibatches are then views of it.
             shuffled = batch[torch.randperm(batch_size, device=device)]

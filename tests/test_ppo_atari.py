@@ -75,9 +75,9 @@ def params(ppo):
 
 
 def frames_for(name, obs):
-    """The frames as the script stores them: floats (float32, or the default dtype) in the plain script, uint8 in the
-    twin."""
-    return obs.to(torch.get_default_dtype()) if name == PLAIN else obs
+    """The frames as the script's update gets them: floats (float32, or the default dtype) in the plain script, uint8
+    in channels-last order in the twin."""
+    return obs.to(torch.get_default_dtype()) if name == PLAIN else obs.contiguous(memory_format=torch.channels_last)
 
 
 def random_minibatch(seed, size=BATCH, masked_fraction=0.25, device="cpu"):
@@ -100,7 +100,8 @@ def call_update(ppo, name, batch):
     keys = ("obs", "actions", "logprobs", "advantages", "returns", "values", "mask")
     if name == PLAIN:
         return ppo.update(frames_for(name, batch["obs"]), *(batch[key] for key in keys[1:]))
-    return ppo.update(TensorDict({key: batch[key] for key in keys}, batch_size=[len(batch["obs"])]))
+    minibatch = {key: frames_for(name, batch[key]) if key == "obs" else batch[key] for key in keys}
+    return ppo.update(TensorDict(minibatch, batch_size=[len(batch["obs"])]))
 
 
 def detached(losses):

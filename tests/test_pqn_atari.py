@@ -88,10 +88,12 @@ def random_minibatch(seed, size=BATCH, masked_fraction=0.25, device="cpu"):
 
 
 def call_update(pqn, name, batch):
-    """The plain script's update takes the minibatch's tensors (float32 frames), the twin's a TensorDict of them."""
+    """The plain script's update takes the minibatch's tensors (float32 frames), the twin's a TensorDict of them
+    (uint8 frames in channels-last order, as its loop gives them)."""
     if name == PLAIN:
         return pqn.update(batch["obs"].float(), batch["actions"], batch["returns"], batch["mask"])
-    return pqn.update(TensorDict(dict(batch), batch_size=[len(batch["obs"])]))
+    obs = batch["obs"].contiguous(memory_format=torch.channels_last)
+    return pqn.update(TensorDict(dict(batch, obs=obs), batch_size=[len(batch["obs"])]))
 
 
 def detached(losses):
