@@ -1,15 +1,16 @@
 """Micro-benchmark: action selection and one update of each algorithm, eager against compile configurations.
 
 The pieces are the scripts' own (their `build_*` functions), timed in isolation on random inputs: action
-selection at batch 1, 4, 16 and 256, and one update at the training batch size. Each configuration gets a fresh
-copy of the script, so compiled code is never shared between configurations. All configurations are compiled
-first, then timed in turn within each repeat (a slow spell of a shared machine hits them alike); times are medians
-over the repeats of many calls each, and the speed-up is against the plain script in eager mode.
+selection at batch 1, 4, 16 and 256 (PPO Atari: 8, its envs' count), and one update at the training batch size. Each
+configuration gets a fresh copy of the script, so compiled code is never shared between configurations. All
+configurations are compiled first, then timed in turn within each repeat (a slow spell of a shared machine hits them
+alike); times are medians over the repeats of many calls each, and the speed-up is against the plain script in eager
+mode.
 
-A second table puts each update next to its matmul floor, measured in the same run: the matrix products that the
-twin's update makes (recorded with their shapes and strides) replayed alone on random tensors. Their FLOPs divided
-by that time is this machine's fp32 matmul rate at those shapes; the floor is what the update would take if it
-did nothing but multiply matrices.
+A second table puts each update next to its matmul floor, measured in the same run: the matrix products (and PPO
+Atari's convolutions) that the twin's update makes, recorded with their shapes and strides, replayed alone on random
+tensors. Their FLOPs divided by that time is this machine's fp32 rate at those shapes; the floor is what the update
+would take if it did nothing but these products.
 
     python benchmarks/micro_benchmark.py                         # every algorithm, on CPU (and CUDA if present)
     python benchmarks/micro_benchmark.py --algos sac --repeats 7 --out micro.md
@@ -39,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "leanrl"))  # the scripts import run_utils from their folder
 OBS_DIM, ACTION_DIM = 17, 6  # HalfCheetah-v5
 CARTPOLE_OBS_DIM, CARTPOLE_ACTIONS = 4, 2  # DQN's default env, CartPole-v1
+ATARI_FRAMES, ATARI_ACTIONS = (4, 84, 84), 4  # PPO Atari's stacked frames; Breakout-v5's actions
 ACTION_BATCHES = (1, 4, 16, 256)
 _module_counter = itertools.count()
 
@@ -77,6 +79,22 @@ def ppo_minibatch(batch_size, device):
     ).to(device)
 
 
+def atari_minibatch(batch_size, device):
+    """Frames as each loop hands them to its update: uint8 in channels-last order (the twin), float32 (the plain)."""
+    obs = torch.randint(0, 256, (batch_size, *ATARI_FRAMES), dtype=torch.uint8)
+    return TensorDict(
+        obs=obs.contiguous(memory_format=torch.channels_last),
+        float_obs=obs.float(),
+        actions=torch.randint(ATARI_ACTIONS, (batch_size,)),
+        logprobs=torch.randn(batch_size) - 1.4,
+        advantages=torch.randn(batch_size),
+        returns=torch.randn(batch_size),
+        values=torch.randn(batch_size),
+        mask=(torch.rand(batch_size) > 0.02).float(),
+        batch_size=[batch_size],
+    ).to(device)
+
+
 def dqn_batch(batch_size, device):
     return TensorDict(
         observations=torch.randn(batch_size, CARTPOLE_OBS_DIM),
@@ -103,6 +121,14 @@ def ppo_update(agent, minibatch, which):
         agent.update(*(minibatch[key] for key in ("obs", "actions", "logprobs", "advantages", "returns", "values")))
 
 
+def ppo_atari_update(agent, minibatch, which):
+    if which == "twin":
+        agent.update(minibatch.exclude("float_obs"))
+    else:
+        keys = ("actions", "logprobs", "advantages", "returns", "values", "mask")
+        agent.update(minibatch["float_obs"], *(minibatch[key] for key in keys))
+
+
 def dqn_update(agent, batch, which):
     """One gradient step (a run makes one every train_frequency env steps; its target copy, every 500 steps, is left
     out); the plain script's replay buffer gives a dict of tensors."""
@@ -111,6 +137,11 @@ def dqn_update(agent, batch, which):
 
 def policy_act(agent, obs, which):
     return agent.policy(obs)
+
+
+def atari_act(agent, frames, which):
+    """The plain script's loop turns the envs' uint8 frames into float32 before its policy; the twin's does not."""
+    return agent.policy(frames.float() if which == "plain" else frames)
 
 
 def dqn_act(agent, obs, which):
@@ -133,21 +164,36 @@ def build_ppo(module, args, device):
     return module.build_ppo(OBS_DIM, ACTION_DIM, args, device)
 
 
+def build_ppo_atari(module, args, device):
+    return module.build_ppo(ATARI_ACTIONS, args, device)
+
+
 def build_dqn(module, args, device):
     agent = module.build_dqn(CARTPOLE_OBS_DIM, CARTPOLE_ACTIONS, args, device)
     agent.micro_benchmark_epsilon = torch.tensor(0.05, device=device)  # the twin's policy reads it from the device
     return agent
 
 
+def vectors(size):
+    return lambda batch, device: torch.randn(batch, size, device=device)
+
+
+def frames(batch, device):
+    return torch.randint(0, 256, (batch, *ATARI_FRAMES), dtype=torch.uint8, device=device)
+
+
 # algorithm -> plain script (the twin adds _torchcompile), builder, one training step's update, its batch size, the
-# maker of such a batch, the call that selects actions and the observation size.
+# maker of such a batch, the call that selects actions, the maker of its observations and the batches it is timed at.
 ALGOS = {
     "sac": ("sac_continuous_action", build_off_policy("build_sac"), off_policy_update, 256, replay_batch, policy_act,
-            OBS_DIM),
+            vectors(OBS_DIM), ACTION_BATCHES),
     "td3": ("td3_continuous_action", build_off_policy("build_td3"), off_policy_update, 256, replay_batch, policy_act,
-            OBS_DIM),
-    "ppo_continuous": ("ppo_continuous_action", build_ppo, ppo_update, 64, ppo_minibatch, policy_act, OBS_DIM),
-    "dqn": ("dqn", build_dqn, dqn_update, 128, dqn_batch, dqn_act, CARTPOLE_OBS_DIM),
+            vectors(OBS_DIM), ACTION_BATCHES),
+    "ppo_continuous": ("ppo_continuous_action", build_ppo, ppo_update, 64, ppo_minibatch, policy_act,
+                       vectors(OBS_DIM), ACTION_BATCHES),
+    "dqn": ("dqn", build_dqn, dqn_update, 128, dqn_batch, dqn_act, vectors(CARTPOLE_OBS_DIM), ACTION_BATCHES),
+    "ppo_atari": ("ppo_atari_envpool", build_ppo_atari, ppo_atari_update, 256, atari_minibatch, atari_act, frames,
+                  (8,)),
 }  # fmt: skip
 
 # configuration -> (which script, the twin's flags, inductor options patched while compiling, device types).
@@ -176,7 +222,7 @@ def time_per_call(fn, calls):
 
 def prepare(algo, config, device):
     """{(measure, batch): a call to time} for one algorithm, configuration and device, compiled and warmed up."""
-    plain_name, build, update, train_batch, make_batch, act, obs_dim = ALGOS[algo]
+    plain_name, build, update, train_batch, make_batch, act, observations, act_batches = ALGOS[algo]
     which, flags, inductor_options, _ = CONFIGS[config]
     module = load_script(plain_name if which == "plain" else f"{plain_name}_torchcompile")
     torch.manual_seed(0)
@@ -184,8 +230,8 @@ def prepare(algo, config, device):
     calls = {}
     # Compilation happens at the first calls, so the inductor options stay patched through the warm-up.
     with torch._inductor.config.patch(inductor_options):
-        for batch in ACTION_BATCHES:
-            obs = torch.randn(batch, obs_dim, device=device)
+        for batch in act_batches:
+            obs = observations(batch, device)
             # A CUDA graph replays one input shape: each batch size gets an agent (and a graph) of its own.
             actor = build(module, module.Args(**flags), device) if flags.get("cudagraphs") else agent
             calls[("act", batch)] = lambda obs=obs, actor=actor: act(actor, obs, which)
@@ -197,11 +243,13 @@ def prepare(algo, config, device):
     return calls
 
 
-MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+           torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default}  # fmt: skip
 
 
 class MatmulRecorder(TorchDispatchMode):
-    """Notes every matrix product made under it: the op, and the shape and strides of each tensor argument."""
+    """Notes every matrix product (or convolution) made under it: the op, and the shape and strides of each tensor
+    argument."""
 
     def __init__(self):
         super().__init__()

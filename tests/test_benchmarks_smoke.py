@@ -61,19 +61,22 @@ def test_micro_benchmark_times_every_algorithm_and_configuration(tmp_path):
     assert text.strip() in completed.stdout
     configs = ["plain (eager)", "twin (eager)", "twin --compile", "twin --compile, max-autotune",
                "twin --compile, cpp_wrapper"]  # fmt: skip
-    rows = table_rows(text, r"(sac|td3|ppo_continuous|dqn) \| cpu \| (act|update)")
+    rows = table_rows(text, r"(sac|td3|ppo_continuous|dqn|ppo_atari) \| cpu \| (act|update)")
     measured = {(algo, measure, int(batch), config) for algo, _, measure, batch, config, *_ in rows}
+    action_batches = (1, 4, 16, 256)
+    algos = (("sac", 256, action_batches), ("td3", 256, action_batches), ("ppo_continuous", 64, action_batches),
+             ("dqn", 128, action_batches), ("ppo_atari", 256, (8,)))  # fmt: skip
     expected = {
         (algo, measure, batch, config)
-        for algo, update_batch in (("sac", 256), ("td3", 256), ("ppo_continuous", 64), ("dqn", 128))
-        for measure, batch in [*(("act", b) for b in (1, 4, 16, 256)), ("update", update_batch)]
+        for algo, update_batch, act_batches in algos
+        for measure, batch in [*(("act", b) for b in act_batches), ("update", update_batch)]
         for config in configs
     }
     assert measured == expected and len(rows) == len(expected)
     for *_, us, calls, speedup in rows:
         assert int(us) >= 0 and int(calls) > 0 and re.fullmatch(r"\d+\.\d\dx", speedup), (us, calls, speedup)
-    floors = table_rows(text, r"(sac|td3|ppo_continuous|dqn) \| cpu \| \d+ \| \d")
-    assert [row[0] for row in floors] == ["sac", "td3", "ppo_continuous", "dqn"]
+    floors = table_rows(text, r"(sac|td3|ppo_continuous|dqn|ppo_atari) \| cpu \| \d+ \| \d")
+    assert [row[0] for row in floors] == [algo for algo, *_ in algos]
     assert all(float(row[3]) > 0 for row in floors), floors  # GFLOP per update, counted
 
 
