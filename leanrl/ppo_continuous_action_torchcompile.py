@@ -272,7 +272,9 @@ def build_ppo(obs_dim, action_dim, args, device):
             torch._dynamo.config.trace_autograd_ops = True
         # Compiled: fused kernels instead of one Python dispatch per op.
         loss_backward = torch.compile(loss_backward)
-        policy = torch.compile(policy)
+        # On CPU the policy's graph is called from generated C++ instead of Python (cpp_wrapper): less overhead in
+        # the call a rollout makes 2,048 times.
+        policy = torch.compile(policy, options={"cpp_wrapper": device.type == "cpu"})
         gae = torch.compile(gae)
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
