@@ -86,6 +86,15 @@ def check_args(args):
                                   f"(num_envs * num_steps = {batch_size})")  # fmt: skip
 
 
+class RunningMeanStd(gym.wrappers.utils.RunningMeanStd):
+    """gymnasium's running mean and variance, fed one sample a step by the normalisation wrappers of a single env:
+    updated from the sample itself (its own mean, with variance 0) instead of np.mean and np.var of a one-row array.
+    The same numbers, some 10 us less per update."""
+
+    def update(self, x):
+        self.update_from_moments(x[0], 0.0, 1)
+
+
 def make_env(env_id, gamma, render_mode=None):
     def thunk():
         try:
@@ -100,8 +109,10 @@ def make_env(env_id, gamma, render_mode=None):
         env = gym.wrappers.RecordEpisodeStatistics(env)  # before the reward wrappers: real returns
         env = gym.wrappers.ClipAction(env)
         env = gym.wrappers.NormalizeObservation(env)
+        env.obs_rms = RunningMeanStd(shape=env.obs_rms.mean.shape, dtype=env.obs_rms.mean.dtype)  # the fast update
         env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
         env = gym.wrappers.NormalizeReward(env, gamma=gamma)
+        env.return_rms = RunningMeanStd()
         env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
         return env
 

@@ -584,6 +584,32 @@ def test_evaluation_normalises_with_the_checkpoints_statistics_frozen():
     assert eval_return(0.0, 1.0) == eval_return(0.0, 1e9), "the statistics change during the evaluation"
 
 
+def test_twin_envs_normalise_as_the_plain_scripts():
+    """The twin's normalisation wrappers update their running moments from one sample without np.mean and np.var:
+    the plain script's observations, rewards and statistics, bit for bit, step by step and across episode ends."""
+    modules = [load_script(name) for name in (PLAIN, TWIN)]
+    envs = [module.make_env("InvertedPendulum-v5", 0.99)() for module in modules]
+    actions = np.random.default_rng(0).uniform(-3, 3, (600, 1))  # random actions: episodes of a few steps
+    records = [[], []]  # each env's (observation, reward, terminated) after each step, and each reset's observation
+    for env, record in zip(envs, records, strict=True):
+        record.append((env.reset(seed=1)[0],))
+        for action in actions:
+            obs, reward, terminated, truncated, _ = env.step(action)
+            record.append((obs, reward, terminated))
+            if terminated or truncated:
+                record.append((env.reset()[0],))
+    assert len(records[0]) > len(actions) + 10, "fewer than 10 episode ends"
+    assert len(records[0]) == len(records[1])
+    for entry, (plain, twin) in enumerate(zip(*records, strict=True)):
+        assert all(np.array_equal(a, b) for a, b in zip(plain, twin, strict=True)), f"entry {entry}: {plain}, {twin}"
+    plain_state, twin_state = (module.normalization_state(env) for module, env in zip(modules, envs, strict=True))
+    # Every observation, resets' included, updates the observations' statistics; every step the rewards'.
+    for key, samples in (("obs", len(records[0])), ("reward", len(actions))):
+        assert plain_state[key]["count"] == twin_state[key]["count"] == pytest.approx(1e-4 + samples)
+        assert torch.equal(plain_state[key]["mean"], twin_state[key]["mean"])
+        assert torch.equal(plain_state[key]["var"], twin_state[key]["var"])
+
+
 def test_checkpoints_load_across_the_pair(tmp_path):
     check_checkpoints_load_across_the_pair(PLAIN, TWIN, (*CHECKPOINT_FLAGS, "--total-timesteps", "128"), tmp_path)
 
