@@ -284,7 +284,7 @@ def build_ppo(obs_dim, action_dim, args, device):
         # Compiled: fused kernels instead of one Python dispatch per op.
         loss_backward = torch.compile(loss_backward)
         # On CPU the policy's graph is called from generated C++ instead of Python (cpp_wrapper): less overhead in
-        # the call a rollout makes 2,048 times.
+        # the call made at every env step.
         policy = torch.compile(policy, options={"cpp_wrapper": device.type == "cpu"})
         gae = torch.compile(gae)
     if args.cudagraphs:
