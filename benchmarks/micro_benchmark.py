@@ -243,8 +243,9 @@ def prepare(algo, config, device):
     return calls
 
 
-MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
-           torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default}  # fmt: skip
+# The ops the floor replays: matrix products, and the convolutions of PPO Atari's network.
+FLOOR_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+             torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default}  # fmt: skip
 
 
 class MatmulRecorder(TorchDispatchMode):
@@ -256,7 +257,7 @@ class MatmulRecorder(TorchDispatchMode):
         self.calls = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in MATMULS:
+        if func in FLOOR_OPS:
             layouts = [(a.shape, a.stride()) if isinstance(a, torch.Tensor) else a for a in args]
             self.calls.append((func, layouts, kwargs or {}))
         return func(*args, **(kwargs or {}))
