@@ -81,7 +81,7 @@ done
 
 # Budget flags per script and mode. full: none, the scripts' defaults. quick: a steady-state sps on the full
 # runs' envs (sps counts neither the random warm-up nor the burn-in iterations). tiny: just past the warm-up, and
-# the runs of each pair's own tests of its results line and of its twin's flags (tests/conftest.py reads these lines).
+# the runs of each pair's own tests of its results line and of its twin's flags (tests/helpers.py reads these lines).
 budget() { # $1: mode, $2: script
   case $1/$2 in
     full/*) ;;

@@ -7,18 +7,18 @@ leaves to the envs: a figure that travels between machines, where raw sps does n
 
 ppo_continuous_action: its default --num-envs of its default env, with its wrappers (observation and reward
 normalisation, clipping, episode statistics), in a SyncVectorEnv with same-step autoreset, as its __main__ makes
-them. ppo_atari_envpool: its make_envs, with its defaults (envpool, a thread per env), the envs of the distributed
-and the PQN Atari pairs too; in one pool (num_envs 8), and as the Atari twins make them with --env-halves: two pools
-of half the envs, each received from and sent its actions in turn (num_envs 2 x 4). Each repeat steps --iterations
-times after --warmup, the actions drawn before the clock starts; the table gives the median env steps per second
-over repeats and their range. With --results (run.sh's results.jsonl, made on the same machine), each variant's
-median sps (of each pair these envs serve) is divided by the envs' median: 100% would be an agent that costs nothing.
+them. ppo_atari_envpool: its make_envs, with its defaults (envpool, a thread per env, num_envs 8 in one pool, as the
+Atari scripts and their twins make them), the envs of the distributed and the PQN Atari pairs too. Each repeat steps
+--iterations times after --warmup, the actions drawn before the clock starts; the table gives the median env steps
+per second over repeats and their range. With --results (run.sh's results.jsonl, made on the same machine), each
+variant's median sps (of each pair these envs serve) is divided by the envs' median: 100% would be an agent that
+costs nothing.
 
     python benchmarks/env_speed.py --frames   # on a GPU: what copying ppo_atari_envpool's frames there costs
 
 With --frames, a second table: the Atari envs alone, then with each step's frames copied to the GPU, from pageable
-memory (`torch.as_tensor`) and the twin's way (`frames_to_device`: through one pinned buffer), each waited for as the
-training loop waits for them, the three in turn in each repeat; and each copy's cost in microseconds per step.
+memory (`torch.as_tensor`) and the twin's way (its `make_frames_to_device`: through one pinned buffer), each waited
+for as the training loop waits for them, the three in turn in each repeat; and each copy's cost in microseconds per step.
 """
 
 import argparse
@@ -48,14 +48,11 @@ def load_script(name):
     return module
 
 
-def make_envs(name, halves=False):
-    """The script's Args and its envs (an Atari script's: a list of its two halves' pools if halves)."""
+def make_envs(name):
+    """The script's Args and its envs."""
     module = load_script(name)
     args = module.Args()
     if hasattr(module, "make_envs"):  # the Atari scripts
-        if halves:
-            size = args.num_envs // 2
-            return args, [module.make_envs(args.env_id, size, args.seed + half * size) for half in range(2)]
         return args, module.make_envs(args.env_id, args.num_envs, args.seed)
     envs = gym.vector.SyncVectorEnv(
         [module.make_env(args.env_id, args.gamma) for _ in range(args.num_envs)],
@@ -80,27 +77,6 @@ def steps_per_second(envs, num_envs, iterations, warmup, after_step=None):
     return iterations * num_envs / (time.perf_counter() - start)
 
 
-def steps_per_second_in_halves(pools, num_envs, iterations, warmup):
-    """As the Atari twins step with --env-halves: each pool is received from, then sent its actions, in turn; while
-    one steps, the other is received from (a twin's policy acts for it then)."""
-    for pool in pools:
-        pool.async_reset()
-        pool.action_space.seed(0)
-    sizes = [pool.config["num_envs"] for pool in pools]
-    actions = [[np.array([pool.action_space.sample() for _ in range(size)]) for pool, size in zip(pools, sizes, strict=True)]
-               for _ in range(iterations + warmup)]  # fmt: skip
-    for step, step_actions in enumerate(actions):
-        if step == warmup:
-            start = time.perf_counter()
-        for pool, action in zip(pools, step_actions, strict=True):
-            pool.recv()
-            pool.send(action)
-    rate = iterations * num_envs / (time.perf_counter() - start)
-    for pool in pools:
-        pool.recv()  # the last steps: no pool is left stepping
-    return rate
-
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scripts", nargs="+", choices=SCRIPTS, default=list(SCRIPTS))
@@ -117,32 +93,30 @@ if __name__ == "__main__":
     print("| script | env | num_envs | env alone (steps/s) | variant | sps, median | sps / env alone |")
     print("|---|---|---|---|---|---|---|")
     for name in args.scripts:
-        for halves in (False, True) if "atari" in name else (False,):
-            script_args, envs = make_envs(name, halves)
-            measure = steps_per_second_in_halves if halves else steps_per_second
-            rates = [measure(envs, script_args.num_envs, args.iterations, args.warmup) for _ in range(args.repeats)]
-            for pool in envs if halves else [envs]:
-                pool.close()
-            env_rate = statistics.median(rates)
-            num_envs = f"2 x {script_args.num_envs // 2}" if halves else script_args.num_envs
-            row = f"| {name} | {script_args.env_id} | {num_envs} | {env_rate:.0f} [{min(rates):.0f}, {max(rates):.0f}]"
-            by_variant = {}
-            for result in results:
-                pair = result["script"].removesuffix(".py").removesuffix("_torchcompile")
-                if pair in PAIRS[name]:
-                    label = variant(result) if pair == name else f"{pair}: {variant(result)}"
-                    by_variant.setdefault(label, []).append(result["sps"])
-            if not by_variant:
-                print(f"{row} | | | |")
-            for label, values in by_variant.items():
-                sps = statistics.median(values)
-                print(f"{row} | {label} | {sps:.0f} | {sps / env_rate:.0%} |")
+        script_args, envs = make_envs(name)
+        rates = [
+            steps_per_second(envs, script_args.num_envs, args.iterations, args.warmup) for _ in range(args.repeats)
+        ]
+        envs.close()
+        env_rate = statistics.median(rates)
+        row = f"| {name} | {script_args.env_id} | {script_args.num_envs} | {env_rate:.0f} [{min(rates):.0f}, {max(rates):.0f}]"
+        by_variant = {}
+        for result in results:
+            pair = result["script"].removesuffix(".py").removesuffix("_torchcompile")
+            if pair in PAIRS[name]:
+                label = variant(result) if pair == name else f"{pair}: {variant(result)}"
+                by_variant.setdefault(label, []).append(result["sps"])
+        if not by_variant:
+            print(f"{row} | | | |")
+        for label, values in by_variant.items():
+            sps = statistics.median(values)
+            print(f"{row} | {label} | {sps:.0f} | {sps / env_rate:.0%} |")
 
     if args.frames:
         cuda = torch.device("cuda")
         script_args, envs = make_envs("ppo_atari_envpool")
         frames_shape = (script_args.num_envs, *envs.observation_space.shape)
-        frames_to_device = load_script("run_utils").make_frames_to_device(frames_shape, cuda)
+        frames_to_device = load_script("ppo_atari_envpool_torchcompile").make_frames_to_device(frames_shape, cuda)
         copies = {
             "envs alone": None,
             "+ frames to the GPU, pageable (torch.as_tensor)": lambda obs: torch.as_tensor(obs, device=cuda),

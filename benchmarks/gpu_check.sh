@@ -15,12 +15,12 @@
 #            cache, about 12 s of each run being the imports of torch and the envs. speedup:S:X runs the pair X
 #            alone (OUT_DIR/speedup-seedS-X/), so that a seed can be split over calls shorter than that.
 #   table    the speed-up table and plots of every speedup:S stage run so far (OUT_DIR/speedup/).
-#   envspeed benchmarks/env_speed.py: the PPO scripts' envs alone (Atari's in one pool and in two halves), random
-#            actions, and each PPO and PQN Atari variant's sps of the table stage against them; then Breakout's envs with each step's frames copied to the GPU, from pageable
-#            memory and through pinned memory as the Atari twins do (--frames): OUT_DIR/env_speed.md.
-#   halves   the Atari twins (PPO, PQN, the distributed one in a world of one) with --compile --cudagraphs at run.sh's
-#            quick budget, --env-halves off then on, seed 1, one run at a time; then benchmarks/env_speed.py, Breakout's
-#            envs alone in one pool and in two halves, with each set of runs against them (OUT_DIR/halves/, halves.md).
+#   envspeed benchmarks/env_speed.py: the PPO scripts' envs alone, random actions, and each PPO and PQN Atari
+#            variant's sps of the table stage against them; then Breakout's envs with each step's frames copied to the
+#            GPU, from pageable memory and through pinned memory as the Atari twins do (--frames): OUT_DIR/env_speed.md.
+#   atari    the Atari twins (PPO, PQN, the distributed one in a world of one) with --compile --cudagraphs at run.sh's
+#            quick budget, seed 1, one run at a time; then benchmarks/env_speed.py, Breakout's envs alone, with the
+#            runs' sps as a share of the envs' own speed (OUT_DIR/atari/, atari.md).
 #   learning SAC and TD3 twins, --compile --cudagraphs, HalfCheetah-v5, 300k steps (learning:STEPS: that many), seeds
 #            1 and 2, one run at a time (benchmarks/learning_curves.py records, with each episode's wall-clock time, in
 #            OUT_DIR/learning/<algo>/; a plot and a table of the minutes to a return of 5000 in OUT_DIR/learning/). Side
@@ -50,13 +50,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke[:PAIR]|tests[:cuda]|speedup:SEED[:PAIR]|table|envspeed|halves|learning[:STEPS]|recipe[:STEPS]|learning-pqn[:STEPS]|micro|profile[:PAIR]|scaling ...]" >&2; exit 2; }
+(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke[:PAIR]|tests[:cuda]|speedup:SEED[:PAIR]|table|envspeed|atari|learning[:STEPS]|recipe[:STEPS]|learning-pqn[:STEPS]|micro|profile[:PAIR]|scaling ...]" >&2; exit 2; }
 out=$1
 shift
 stages=("$@")
 ((${#stages[@]})) || stages=(smoke tests speedup:1 speedup:2 speedup:3 table envspeed micro profile scaling)
 for stage in "${stages[@]}"; do
-  [[ $stage =~ ^(smoke(:[a-z_]+)?|tests(:cuda)?|speedup:[0-9]+(:[a-z_]+)?|table|envspeed|halves|learning(:[0-9]+)?|recipe(:[0-9]+)?|learning-pqn(:[0-9]+)?|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
+  [[ $stage =~ ^(smoke(:[a-z_]+)?|tests(:cuda)?|speedup:[0-9]+(:[a-z_]+)?|table|envspeed|atari|learning(:[0-9]+)?|recipe(:[0-9]+)?|learning-pqn(:[0-9]+)?|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
     { echo "gpu_check: unknown stage '$stage'" >&2; exit 2; }
 done
 mkdir -p "$out"
@@ -239,21 +239,17 @@ for stage in "${stages[@]}"; do
       [[ -s $out/speedup/results.jsonl ]] && results=(--results "$out/speedup/results.jsonl")
       "$python" benchmarks/env_speed.py --repeats 3 --frames "${results[@]}" | tee "$out/env_speed.md" || status=1
       ;;
-    halves)
-      dir=$out/halves
+    atari)
+      dir=$out/atari
       rm -rf "$dir" && mkdir -p "$dir"
-      for halves in off on; do
-        for pair in ppo_atari_envpool pqn_atari_envpool ppo_atari_envpool_distributed; do
-          steps=23552 # run.sh --quick's budgets: 3 burn-in + 20 rollouts of 8 x 128 (PQN: 25, 5 till captured)
-          [[ $pair == pqn_atari_envpool ]] && steps=25600
-          "$python" "leanrl/${pair}_torchcompile.py" --total-timesteps $steps --compile --cudagraphs \
-            --env-halves "$halves" --seed 1 --results-path "$dir/halves-$halves.jsonl" \
-            >"$dir/$pair-halves-$halves.log" 2>&1 || { echo "FAILED: $pair --env-halves $halves" >&2; status=1; }
-        done
-        echo "--env-halves $halves:" | tee -a "$dir/halves.md"
-        "$python" benchmarks/env_speed.py --scripts ppo_atari_envpool --repeats 3 --results "$dir/halves-$halves.jsonl" |
-          tee -a "$dir/halves.md" || status=1
+      for pair in ppo_atari_envpool pqn_atari_envpool ppo_atari_envpool_distributed; do
+        steps=23552 # run.sh --quick's budgets: 3 burn-in + 20 rollouts of 8 x 128 (PQN: 25, 5 till captured)
+        [[ $pair == pqn_atari_envpool ]] && steps=25600
+        "$python" "leanrl/${pair}_torchcompile.py" --total-timesteps $steps --compile --cudagraphs \
+          --seed 1 --results-path "$dir/atari.jsonl" >"$dir/$pair.log" 2>&1 || { echo "FAILED: $pair" >&2; status=1; }
       done
+      "$python" benchmarks/env_speed.py --scripts ppo_atari_envpool --repeats 3 --results "$dir/atari.jsonl" |
+        tee "$dir/atari.md" || status=1
       ;;
     learning) learning 300000 ;;
     learning:*) learning "${stage#learning:}" ;;

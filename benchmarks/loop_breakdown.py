@@ -21,15 +21,13 @@ loop ends in too, and the times are microseconds per training step. Phases timed
 (benchmarks/micro_benchmark.py) look faster: between updates the CPU caches are cold, which slows the small
 phases of the loop.
 
-PPO and PQN Atari (the vector env's step and close, or the Atari twins' send and recv, and what build_ppo or
-build_pqn returns):
+PPO and PQN Atari (the vector env's step and close, and what build_ppo or build_pqn returns):
 
-    act          policy's call to the envs' step or send (turning the actions into numpy included)
-    env step     the envs' step, from its call to its return; the twins': send's call to the return of the next recv
-                 (with the envs in two halves, the policy's time for the other half is act's, not this)
-    bookkeeping  the step's (recv's) return to the next policy call, or to gae's (q_lambda_returns') after the
-                 rollout's last step: the episodes' returns, the observation into a tensor, stacking the rollout
-                 and the value of the observation that follows it
+    act          policy's call to the envs' step (turning the actions into numpy included)
+    env step     the envs' step, from its call to its return
+    bookkeeping  the step's return to the next policy call, or to gae's (q_lambda_returns') after the rollout's
+                 last step: the episodes' returns, the observation into a tensor, stacking the rollout and the
+                 value of the observation that follows it
     advantages   gae's (q_lambda_returns') call to the first update's: the advantages or returns, flattening
     update       the first update's call to the next rollout's first policy call (or the envs' close): every
                  epoch's shuffle and every minibatch's update, the logging and a checkpoint
@@ -73,16 +71,12 @@ OFF_POLICY = dict(
 )
 # An on-policy script's advantages (or returns): its agent's function, or the plain script's module-level one.
 ADVANTAGES = ("agent.gae", "agent.q_lambda_returns", "compute_advantages", "compute_q_lambda_returns")
-# How an on-policy loop steps its envs: step (the plain scripts, PPO continuous), or send and recv (the Atari twins).
-ENV_CALLS = ("envs.step", "envs.send", "envs.recv")
-# The phases an on-policy loop does one of several ways, each a set of calls it makes all of.
-ON_POLICY_WAYS = {"advantages": [(call,) for call in ADVANTAGES], "env step": [ENV_CALLS[:1], ENV_CALLS[1:]]}
 ON_POLICY = dict(
     prefixes=("ppo_atari_envpool", "ppo_continuous_action", "pqn_atari_envpool"),
     phases={
         "act": ("agent.policy",),
-        "env step": ENV_CALLS,
-        "bookkeeping": ("envs.step returned", "envs.recv returned"),
+        "env step": ("envs.step",),
+        "bookkeeping": ("envs.step returned",),
         "advantages": ADVANTAGES,
         "update": ("agent.update",),
     },
@@ -109,8 +103,6 @@ class Breakdown:
 
     def mark(self, phase, call):
         now = time.perf_counter()
-        if call == END and self.phase is None:  # the loop has ended: a second pool's close
-            return
         if self.phase:
             self.step_seconds[self.phase] += now - self.since
         # A step starts at a policy call (an iteration: at the first of its rollout); the one before is finished.
@@ -186,9 +178,7 @@ def instrument_on_policy(module, build_name, timings):
         error(f"{Path(module.__file__).name} defines no {build_name}: the breakdown times the calls of what it returns")
 
     def wrap_envs(envs):
-        for name, returned in (("step", "envs.step returned"), ("send", None), ("recv", "envs.recv returned")):
-            if hasattr(envs, name):  # send and recv: envpool's
-                setattr(envs, name, timings.timed(getattr(envs, name), f"envs.{name}", returned=returned))
+        envs.step = timings.timed(envs.step, "envs.step", returned="envs.step returned")
         close = envs.close
         envs.close = lambda: (timings.mark(None, END), close())[1]
         return envs
@@ -255,10 +245,9 @@ def breakdown(path, flags):
     if timings.training_steps == 0:
         error(f"the training loop of {path.name} does not call agent.policy")
     missing = [call for calls in family["phases"].values() for call in calls if call not in timings.called]
-    missing = [call for call in missing if not call.endswith(" returned")]  # not calls: the returns of calls
-    for phase, ways in ON_POLICY_WAYS.items() if family is ON_POLICY else ():
-        if any(set(way) <= timings.called for way in ways):  # the loop does the phase one of its ways
-            missing = [call for call in missing if call not in family["phases"][phase]]
+    missing = [call for call in missing if call != "envs.step returned"]  # not a call: the return of envs.step
+    if family is ON_POLICY and set(ADVANTAGES) & timings.called:  # a script calls one of these
+        missing = [call for call in missing if call not in ADVANTAGES]
     if missing:
         error(f"the training loop of {path.name} does not call {', '.join(missing)}: its phases cannot be timed")
     if timings.timed_steps == 0:

@@ -50,10 +50,7 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """the timesteps between two gradient steps"""
 
 
-LOG_EVERY = 100  # steps between progress-bar updates, logging and the non-finite loss check
-# What makes the agent: a checkpoint made with other values of these is refused by --resume.
-HYPERPARAMETERS = ("learning_rate", "buffer_size", "gamma", "tau", "target_network_frequency", "batch_size", "start_e",
-                   "end_e", "exploration_fraction", "learning_starts", "train_frequency")  # fmt: skip
+LOG_EVERY = 100  # steps between logs (the sps and return beside the bar, wandb) and the non-finite loss check
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
 DOMAINS = {"learning_rate": "> 0", "buffer_size": ">= 1", "gamma": "[0, 1]", "tau": "[0, 1]",
            "target_network_frequency": ">= 1", "batch_size": ">= 1", "start_e": "[0, 1]", "end_e": "[0, 1]",
@@ -221,16 +218,9 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
     make_eval_env = lambda seed, render_mode: make_env(args.env_id, seed, render_mode)  # noqa: E731
-    run = run_utils.Run(
-        args,
-        __file__,
-        "dqn",
-        "DQN",
-        HYPERPARAMETERS,
-        make_eval_env,
-        ended_early="before learning_starts + measure_burnin gradient steps",
-        schedule="the epsilon decay",
-    )
+    run = run_utils.Run(args, script=__file__, algo="dqn", name="DQN", total_steps=args.total_timesteps,
+                        make_eval_env=make_eval_env, schedule="the epsilon decay",
+                        ended_early="before learning_starts + measure_burnin gradient steps")  # fmt: skip
     device = run.device
     start_step = run.checkpoint["global_step"] if run.checkpoint else 0
 
@@ -253,8 +243,9 @@ if __name__ == "__main__":
     train_step = max(args.learning_starts, start_step)  # where this process starts training
     losses = None  # the last gradient step's, logged every LOG_EVERY steps
     global_step = start_step  # the steps done, as the loop goes
-    for step in run.steps(start_step, args.total_timesteps):
-        run.clock(step, train_step, train_step + args.measure_burnin * args.train_frequency)
+    for step in range(start_step, args.total_timesteps):
+        run.clock(step, train_from=train_step, measure_from=train_step + args.measure_burnin * args.train_frequency,
+                  global_step=global_step)  # fmt: skip
         # Epsilon-greedy: a random action with probability epsilon, else the action of the highest Q value.
         epsilon = epsilon_at(step, args)
         if random.random() < epsilon:

@@ -57,10 +57,7 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """if toggled, the update and action selection are captured in CUDA graphs (CUDA only)"""
 
 
-LOG_EVERY = 100  # steps between progress-bar updates, logging and the non-finite loss check
-# What makes the agent: a checkpoint made with other values of these is refused by --resume.
-HYPERPARAMETERS = ("learning_rate", "buffer_size", "gamma", "tau", "target_network_frequency", "batch_size", "start_e",
-                   "end_e", "exploration_fraction", "learning_starts", "train_frequency")  # fmt: skip
+LOG_EVERY = 100  # steps between logs (the sps and return beside the bar, wandb) and the non-finite loss check
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
 DOMAINS = {"learning_rate": "> 0", "buffer_size": ">= 1", "gamma": "[0, 1]", "tau": "[0, 1]",
            "target_network_frequency": ">= 1", "batch_size": ">= 1", "start_e": "[0, 1]", "end_e": "[0, 1]",
@@ -164,8 +161,8 @@ def build_dqn(obs_dim, n_actions, args, device):
     # Storage-less shells, built on "meta" (no memory, no initialisation), filled with other parameters:
     # - the target network's, plain tensors stored apart: updated by one lerp of their TensorDict, and never among
     #   the trainable parameters;
-    # - for acting, the detached views of the Q network's: no autograd bookkeeping when acting, and always the
-    #   latest weights without a copy.
+    # - the acting copy's, the detached views of the Q network's: the optimizer's in-place steps reach it and the
+    #   compiled (and captured) acting sees no tensor that requires grad.
     with torch.device("meta"):
         target_qnet, acting_qnet = QNetwork(obs_dim, n_actions), QNetwork(obs_dim, n_actions)
     target_qnet_params = qnet_params.clone()
@@ -200,7 +197,8 @@ def build_dqn(obs_dim, n_actions, args, device):
         target_qnet_params.lerp_(qnet_params, args.tau)
 
     def greedy_actions(obs):
-        return acting_qnet(obs).argmax(1)
+        with torch.no_grad():
+            return acting_qnet(obs).argmax(1)
 
     # Epsilon-greedy on the GPU, without a branch: the random-vs-greedy choice is a tensor, so no value goes to the host
     # to decide, and the whole selection is one compilable (and capturable) function. epsilon: a 0-d tensor.
@@ -281,16 +279,9 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
     make_eval_env = lambda seed, render_mode: make_env(args.env_id, seed, render_mode)  # noqa: E731
-    run = run_utils.Run(
-        args,
-        __file__,
-        "dqn",
-        "DQN",
-        HYPERPARAMETERS,
-        make_eval_env,
-        ended_early="before learning_starts + measure_burnin gradient steps",
-        schedule="the epsilon decay",
-    )
+    run = run_utils.Run(args, script=__file__, algo="dqn", name="DQN", total_steps=args.total_timesteps,
+                        make_eval_env=make_eval_env, schedule="the epsilon decay",
+                        ended_early="before learning_starts + measure_burnin gradient steps")  # fmt: skip
     device = run.device
     start_step = run.checkpoint["global_step"] if run.checkpoint else 0
 
@@ -314,8 +305,9 @@ if __name__ == "__main__":
     losses = None  # the last gradient step's, logged every LOG_EVERY steps
     epsilon_tensor = torch.zeros((), device=device)
     global_step = start_step  # the steps done, as the loop goes
-    for step in run.steps(start_step, args.total_timesteps):
-        run.clock(step, train_step, train_step + args.measure_burnin * args.train_frequency, ready=dqn.captured())
+    for step in range(start_step, args.total_timesteps):
+        run.clock(step, train_from=train_step, measure_from=train_step + args.measure_burnin * args.train_frequency,
+                  global_step=global_step, ready=dqn.captured())  # fmt: skip
         # Epsilon-greedy: a random action with probability epsilon, else the action of the highest Q value.
         epsilon = epsilon_at(step, args)
         if device.type == "cuda":

@@ -6,7 +6,6 @@ import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from types import SimpleNamespace
-from typing import Literal
 
 import envpool
 import numpy as np
@@ -14,6 +13,7 @@ import run_utils
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 import tyro
 from envpool.registration import registry
 from tensordict import TensorDict, from_module
@@ -32,11 +32,11 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     measure_burnin: int = 3
     """training iterations (rollout + update) left out of the sps measure (compile, warm-up)"""
     checkpoint_every: int = 0
-    """with --save-model, also save the checkpoint every this many env steps (0: only at the end): after the iteration in which the step count reaches each multiple"""
+    """with --save-model, also save the checkpoint every this many env steps, as an iteration ends (0: only at end)"""
     eval_episodes: int = 10
-    """games of the saved agent's policy (actions sampled from it, as in CleanRL's evaluation) on a fresh env after training"""
+    """games of the saved agent's policy (actions sampled, as CleanRL evaluates) on a fresh env after training"""
     capture_video: bool = False
-    """with --save-model, record the evaluation games as MP4 files in a videos/ folder beside the checkpoint: the agent's 84x84 view (envpool's Atari envs cannot render)"""
+    """with --save-model, record the evaluation games as MP4 files in a videos/ folder beside the checkpoint (84x84)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
@@ -71,14 +71,8 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """if toggled, the update, action selection and advantage estimation are compiled with torch.compile"""
     cudagraphs: bool = False
     """if toggled, the update, action selection and advantage estimation are captured in CUDA graphs (CUDA only)"""
-    env_halves: Literal["auto", "on", "off"] = "auto"
-    """step each process's envs as two pools of half each, one stepping while the policy acts for the other (needs an even number of envs a process): on, off (one pool), or auto: on where the policy runs on a GPU"""
 
 
-# What makes the agent: a checkpoint made with other values of these is refused by --resume.
-HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma", "gae_lambda", "num_minibatches",
-                   "update_epochs", "norm_adv", "clip_coef", "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm",
-                   "target_kl")  # fmt: skip
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
 DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "[0, 1]", "gae_lambda": "[0, 1]",
            "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0", "ent_coef": ">= 0",
@@ -127,6 +121,23 @@ def make_envs(env_id, num_envs, seed, num_threads=0):
     return envs
 
 
+def make_frames_to_device(shape, device):
+    """envpool's uint8 frames (of this shape) as a tensor on the device: on a CPU the env's own array, with no copy."""
+    if device.type != "cuda":
+        return torch.from_numpy
+    # To a GPU through one buffer pinned once (pinning each step's frames costs more than the copy): from pinned memory
+    # the copy runs on its own (non_blocking) while the host goes on to launch the policy.
+    pinned_frames, copied = torch.empty(shape, dtype=torch.uint8, pin_memory=True), torch.cuda.Event()
+
+    def frames_to_device(frames):
+        copied.synchronize()  # the last copy has read the buffer
+        on_device = pinned_frames.copy_(torch.from_numpy(frames)).to(device, non_blocking=True)
+        copied.record()
+        return on_device
+
+    return frames_to_device
+
+
 def layer_init(layer, std=2**0.5, bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -168,20 +179,18 @@ def compute_advantages(rewards, values, dones, next_value, next_done, gamma, gae
     """Generalized advantage estimates of a rollout, all tensors [num_steps, num_envs] but next_*: [num_envs].
 
     dones[t] says observation t is the last frame of a finished episode: nothing is bootstrapped from it.
-    The recurrence A[t] = delta[t] + gamma * gae_lambda * (1 - dones[t + 1]) * A[t + 1] is solved by a parallel
-    scan: log2(num_steps) rounds of whole-rollout tensor ops instead of num_steps rounds of per-step ops.
     """
     next_non_terminal = 1.0 - torch.cat([dones[1:], next_done[None]])
     next_values = torch.cat([values[1:], next_value[None]])
     advantages = rewards + gamma * next_values * next_non_terminal - values  # the deltas
-    discounts = gamma * gae_lambda * next_non_terminal
-    # After the round with offset k, advantages[t] sums the discounted deltas of steps t .. t + 2k - 1 and
-    # discounts[t] is the product of the discounts over those steps.
-    num_steps, offset = rewards.shape[0], 1
-    while offset < num_steps:
-        advantages = torch.cat([advantages[:-offset] + discounts[:-offset] * advantages[offset:], advantages[-offset:]])
-        discounts = torch.cat([discounts[:-offset] * discounts[offset:], discounts[-offset:]])
-        offset *= 2
+    coefs = gamma * gae_lambda * next_non_terminal
+    # A parallel scan: log2(num_steps) rounds of whole-rollout tensor ops instead of num_steps Python steps (it
+    # compiles without unrolling them). After the round with `shift`, advantages[t] sums steps t .. t + 2 * shift - 1.
+    shift = 1
+    while shift < len(advantages):
+        advantages = advantages + coefs * F.pad(advantages[shift:], (0, 0, 0, shift))
+        coefs = coefs * F.pad(coefs[shift:], (0, 0, 0, shift))
+        shift *= 2
     return advantages
 
 
@@ -205,11 +214,11 @@ def build_ppo(num_actions, args, device):
     for parameter in agent.parameters():
         dist.broadcast(parameter.data, src=0)
     # The acting copy: the agent's parameters as plain tensors (not nn.Parameters) sharing their storage, so the
-    # optimizer's in-place steps reach it and acting builds no autograd state. Its shell is built on "meta": no
-    # memory, and no draw from the random generator (the run samples the same actions as the plain script's).
+    # optimizer's in-place steps reach it and the compiled (and captured) acting sees no tensor that requires grad.
+    # Its shell is built on "meta": no memory, and no draw from the random generator (the plain script's draws).
     with torch.device("meta"):
-        agent_inference = Agent(num_actions)
-    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+        acting_agent = Agent(num_actions)
+    from_module(agent).data.to_module(acting_agent, preserve_module_state=False)
     # lr in a tensor: annealing writes into it, with no recompile and no re-capture; fused: one multi-tensor
     # kernel per step instead of a dozen small ops per parameter; capturable: under a CUDA graph the step counter
     # lives on the device.
@@ -296,12 +305,12 @@ def build_ppo(num_actions, args, device):
 
     def policy(obs):
         with torch.no_grad():
-            action, logprob, _, value = agent_inference.get_action_and_value(obs)
+            action, logprob, _, value = acting_agent.get_action_and_value(obs)
         return action, logprob, value.flatten()
 
     def value(obs):
         with torch.no_grad():
-            return agent_inference.get_value(obs).flatten()
+            return acting_agent.get_value(obs).flatten()
 
     # The learning rate as a Python float too: checkpoints hold it as the plain script does, not its float32 rounding.
     scheduled_lr = args.learning_rate
@@ -352,7 +361,7 @@ def build_ppo(num_actions, args, device):
     return SimpleNamespace(
         captured=captured,
         agent=agent,
-        agent_inference=agent_inference,
+        acting_agent=acting_agent,
         optimizer=optimizer,
         update=update,
         policy=policy,
@@ -376,6 +385,20 @@ def evaluation_policy(checkpoint, env, device):
     return act
 
 
+def report_lost_rank(kind, error, traceback):
+    """sys.excepthook once the ranks have met. An error raised in a torch.distributed collective means another rank
+    died or hung (gloo raises a RuntimeError, NCCL a DistError): one line instead of a traceback, torchrun's report
+    names the rank that failed. Anything else: Python's usual traceback."""
+    innermost = traceback
+    while innermost.tb_next:
+        innermost = innermost.tb_next
+    if os.path.join("torch", "distributed", "") in innermost.tb_frame.f_code.co_filename:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else kind.__name__
+        print(f"{os.path.basename(sys.argv[0])}: error: lost another rank: {first_line}", file=sys.stderr)
+    else:
+        sys.__excepthook__(kind, error, traceback)
+
+
 if __name__ == "__main__":
     args = tyro.cli(Args)
     rank, world_size, local_world_size = run_utils.world()
@@ -386,8 +409,9 @@ if __name__ == "__main__":
     rank_minibatch_size = rank_batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
     make_eval_env = lambda seed, render_mode: run_utils.EvalGame(make_envs(args.env_id, 1, seed))  # noqa: E731
-    run = run_utils.Run(args, __file__, "ppo_atari", "PPO Atari", HYPERPARAMETERS, make_eval_env, unit="games",
-                        distributed=True, schedule="the learning-rate anneal" if args.anneal_lr else None)  # fmt: skip
+    run = run_utils.Run(args, script=__file__, algo="ppo_atari", name="PPO Atari",
+                        total_steps=num_iterations * batch_size, make_eval_env=make_eval_env, unit="games",
+                        schedule="the learning-rate anneal" if args.anneal_lr else None, distributed=True)  # fmt: skip
     device = run.device
     start_iteration, start_step = (
         (run.checkpoint["iteration"], run.checkpoint["global_step"]) if run.checkpoint else (0, 0)
@@ -404,24 +428,19 @@ if __name__ == "__main__":
             print(f"{run.script}: a world of {world_size} process(es) ({backend}), each with {rank_num_envs} envs "
                   f"and {threads} thread(s)")  # fmt: skip
 
-    # Two halves where the policy runs on a GPU: one half steps in envpool's threads while the host acts for the other.
-    odd_envs = f"{run.script}: {rank_num_envs} envs a process" if rank == 0 else None  # said once, by rank 0
-    num_pools = run_utils.env_pool_count(args.env_halves, rank_num_envs, device, odd_envs)
-    pool_size = rank_num_envs // num_pools
     # Rank r runs the envs r * rank_num_envs ... of a single process, with their seeds (envpool seeds its env i with
     # seed + i): a world of 2 plays the games of a world of 1. A resumed run starts new games, on envs seeded by
-    # the step it resumes at. The second half's pool starts at seed + pool_size: every env plays the games of one pool.
-    rank_seed = args.seed + start_step + rank * rank_num_envs
-    env_pools = [make_envs(args.env_id, pool_size, rank_seed + p * pool_size, threads) for p in range(num_pools)]
+    # the step it resumes at.
+    envs = make_envs(args.env_id, rank_num_envs, args.seed + start_step + rank * rank_num_envs, threads)
     # The ranks meet here, once every mistake a user can make has been checked (each rank exits on its own).
-    sys.excepthook = run_utils.report_lost_rank
+    sys.excepthook = report_lost_rank
     if "RANK" in os.environ:  # launched by torchrun: it gives the rendezvous address
         dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
     else:  # a world of one, in this process only
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     # Each rank draws its own actions and minibatches (Run seeds rank r with seed + r); the agent's initial
     # parameters are rank 0's (build_ppo).
-    ppo = build_ppo(env_pools[0].action_space.n, args, device)
+    ppo = build_ppo(envs.action_space.n, args, device)
     if run.checkpoint:
         ppo.load_state_dict(run.checkpoint["agent"])
         saved_world_size = run.checkpoint.get("world_size", 1)
@@ -448,34 +467,16 @@ if __name__ == "__main__":
             run.save_checkpoint(global_step=global_step, iteration=global_step // batch_size, agent=ppo.state_dict(),
                                 rng=rank_rngs[0], world_size=world_size, rank_rngs=rank_rngs[1:])  # fmt: skip
 
-    def receive(pool):
-        """Wait for a pool's step, file what it returned in the rollout step it was sent from."""
-        obs, reward, terminations, truncations, infos = env_pools[pool].recv()
-        # The game's real return: its unclipped rewards summed over all lives, until the game is over
-        # (infos["terminated"]) or cut by the time limit.
-        pool_returns = game_returns[pool * pool_size : (pool + 1) * pool_size]  # a view: += writes into game_returns
-        pool_returns += infos["reward"]
-        for index in np.flatnonzero(infos["terminated"].astype(bool) | truncations):
-            rank_returns.append(float(pool_returns[index]))
-            pool_returns[index] = 0.0
-        sent[pool].update(rewards=reward, time_limits=(truncations & ~terminations).astype(np.float32))
-        next_obs[pool] = frames_to_device(obs)
-        next_done[pool] = (terminations | truncations).astype(np.float32)
-
-    next_obs = [envs.reset()[0] for envs in env_pools]
+    next_obs, _ = envs.reset()
     # Frames stay uint8 until the network divides them by 255: a quarter of the memory and copies of float32.
-    # To a GPU through one pinned buffer: the transfer runs while the host goes on to launch the policy.
-    frames_to_device = run_utils.make_frames_to_device(next_obs[0].shape, device)
-    next_obs = [frames_to_device(obs) for obs in next_obs]
-    next_done = [np.zeros(pool_size, dtype=np.float32) for _ in env_pools]
+    frames_to_device = make_frames_to_device(next_obs.shape, device)
+    next_obs = frames_to_device(next_obs)
+    next_done = torch.zeros(rank_num_envs)
     game_returns = np.zeros(rank_num_envs)  # each env's unclipped score since its game started, over all lives
-    sent = [None] * num_pools  # each pool's step in flight: the rollout entry its results go to
     global_step = start_step
-    run.progress(start_step, num_iterations * batch_size)
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        run.clock(
-            iteration, start_iteration + 1, start_iteration + 1 + args.measure_burnin, global_step, ready=ppo.captured()
-        )
+        run.clock(iteration, train_from=start_iteration + 1, measure_from=start_iteration + 1 + args.measure_burnin,
+                  global_step=global_step, ready=ppo.captured())  # fmt: skip
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             ppo.set_learning_rate(frac * args.learning_rate)
@@ -484,42 +485,40 @@ if __name__ == "__main__":
         # action and returns the new episode's first frame with reward 0. So dones[t] = 1 marks obs[t] as the
         # last frame of an episode: GAE does not bootstrap across it, and step t, the reset step, is no
         # transition of the game: the update masks it out.
-        # The rollout's tensors are collected in lists and stacked once: cheaper than a write per step and key.
-        # The env's outputs stay numpy until then: one host-to-device copy per rollout instead of one per step.
-        steps, env_steps = [], []
+        # The rollout's steps are collected in a list and stacked once: cheaper than a write per step and key.
+        steps = []
         rank_returns = []  # this rank's games that ended in this iteration
-        for step in range(args.num_steps):
-            # Pools in turn, each waited for just before it acts: its step ran while the policy acted for the other.
-            for pool, envs in enumerate(env_pools):
-                if step > 0:
-                    receive(pool)
-                action, logprob, value = ppo.policy(next_obs[pool])
-                steps.append(dict(obs=next_obs[pool], actions=action, logprobs=logprob, values=value))
-                env_steps.append(dict(dones=next_done[pool]))
-                sent[pool] = env_steps[-1]
-                envs.send(action.cpu().numpy())
+        for _ in range(args.num_steps):
             global_step += args.num_envs  # every rank counts the steps of all
-        for pool in range(num_pools):
-            receive(pool)
+            action, logprob, value = ppo.policy(next_obs)
+            steps.append(dict(obs=next_obs, dones=next_done, actions=action, logprobs=logprob, values=value))
 
-        rollout = TensorDict(
-            {
-                **{key: torch.stack([s[key] for s in steps]) for key in steps[0]},
-                **{key: torch.as_tensor(np.stack([s[key] for s in env_steps]), device=device) for key in env_steps[0]},
-            },
-            [args.num_steps * num_pools, pool_size],
-        ).reshape(args.num_steps, rank_num_envs)  # [step, pool, env of the pool] is [step, env]
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            # The game's real return: its unclipped rewards summed over all lives, until the game is over
+            # (infos["terminated"]) or cut by the time limit.
+            game_returns += infos["reward"]
+            for index in np.flatnonzero(infos["terminated"].astype(bool) | truncations):
+                rank_returns.append(float(game_returns[index]))
+                game_returns[index] = 0.0
+            steps[-1]["rewards"] = torch.from_numpy(reward)
+            steps[-1]["time_limits"] = torch.from_numpy(truncations & ~terminations).float()
+            next_obs = frames_to_device(next_obs)
+            next_done = torch.from_numpy(terminations | truncations).float()
+
+        # The env's outputs stayed on the host: one host-to-device copy a key per rollout instead of one per step.
+        rollout = TensorDict({key: torch.stack([s[key] for s in steps]) for key in steps[0]},
+                             [args.num_steps, rank_num_envs], device=device)  # fmt: skip
 
         # A time limit is not a failure: a truncated episode is bootstrapped from the value of its last frame,
         # the observation that follows it. A termination (a lost life) gets no bootstrap.
-        next_value = ppo.value(torch.cat(next_obs))
+        next_value = ppo.value(next_obs)
         next_values = torch.cat([rollout["values"][1:], next_value[None]])
         rollout["advantages"] = ppo.gae(
             rollout["rewards"] + args.gamma * next_values * rollout["time_limits"],
             rollout["values"],
             rollout["dones"],
             next_value,
-            torch.as_tensor(np.concatenate(next_done), device=device),
+            next_done.to(device),
         )
         rollout["returns"] = rollout["advantages"] + rollout["values"]
         rollout["mask"] = 1.0 - rollout["dones"]
@@ -555,6 +554,5 @@ if __name__ == "__main__":
             break
         if run.checkpoint_due(global_step, batch_size):
             save_checkpoint()
-    for envs in env_pools:
-        envs.close()
+    envs.close()
     run.finish(global_step, save_checkpoint, evaluation_policy)

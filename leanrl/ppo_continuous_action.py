@@ -24,9 +24,9 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     measure_burnin: int = 3
     """training iterations (rollout + update) left out of the sps measure (compile, warm-up)"""
     checkpoint_every: int = 0
-    """with --save-model, also save the checkpoint every this many env steps (after the iteration that reaches a multiple; 0: only at the end)"""
+    """with --save-model, also save the checkpoint every this many env steps, as an iteration ends (0: only at end)"""
     eval_episodes: int = 10
-    """episodes of the saved agent's policy (actions sampled from it, as in CleanRL's evaluation) on a fresh env after training"""
+    """episodes of the saved agent's policy (actions sampled, as CleanRL evaluates) on a fresh env after training"""
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     num_envs: int = 1
@@ -59,10 +59,6 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """the target KL divergence threshold: stop the epochs of an update early once it is exceeded"""
 
 
-# What makes the agent: a checkpoint made with other values of these is refused by --resume.
-HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma", "gae_lambda", "num_minibatches",
-                   "update_epochs", "norm_adv", "clip_coef", "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm",
-                   "target_kl")  # fmt: skip
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
 DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "[0, 1]", "gae_lambda": "[0, 1]",
            "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0", "ent_coef": ">= 0",
@@ -314,12 +310,13 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
     make_eval_env = lambda seed, render_mode: make_env(args.env_id, args.gamma, render_mode)()  # noqa: E731
-    run = run_utils.Run(args, __file__, "ppo_continuous", "continuous PPO", HYPERPARAMETERS, make_eval_env,
-                        schedule="the learning-rate anneal" if args.anneal_lr else None)  # fmt: skip
-    device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
+    run = run_utils.Run(args, script=__file__, algo="ppo_continuous", name="continuous PPO",
+                        total_steps=num_iterations * batch_size, make_eval_env=make_eval_env,
+                        schedule="the learning-rate anneal" if args.anneal_lr else None)  # fmt: skip
+    device = run.device
     start_step, start_iteration = (
         (run.checkpoint["global_step"], run.checkpoint["iteration"]) if run.checkpoint else (0, 0)
     )
@@ -360,9 +357,9 @@ if __name__ == "__main__":
         next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
     global_step, iterations_done = start_step, start_iteration  # as the loop goes
-    run.progress(start_step, num_iterations * batch_size)
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        run.clock(iteration, start_iteration + 1, start_iteration + 1 + args.measure_burnin, global_step)
+        run.clock(iteration, train_from=start_iteration + 1, measure_from=start_iteration + 1 + args.measure_burnin,
+                  global_step=global_step)  # fmt: skip
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             ppo.set_learning_rate(frac * args.learning_rate)

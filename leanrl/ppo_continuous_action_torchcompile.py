@@ -27,9 +27,9 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     measure_burnin: int = 3
     """training iterations (rollout + update) left out of the sps measure (compile, warm-up)"""
     checkpoint_every: int = 0
-    """with --save-model, also save the checkpoint every this many env steps (after the iteration that reaches a multiple; 0: only at the end)"""
+    """with --save-model, also save the checkpoint every this many env steps, as an iteration ends (0: only at end)"""
     eval_episodes: int = 10
-    """episodes of the saved agent's policy (actions sampled from it, as in CleanRL's evaluation) on a fresh env after training"""
+    """episodes of the saved agent's policy (actions sampled, as CleanRL evaluates) on a fresh env after training"""
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     num_envs: int = 1
@@ -66,10 +66,6 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """if toggled, the update, action selection and advantage estimation are captured in CUDA graphs (CUDA only)"""
 
 
-# What makes the agent: a checkpoint made with other values of these is refused by --resume.
-HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma", "gae_lambda", "num_minibatches",
-                   "update_epochs", "norm_adv", "clip_coef", "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm",
-                   "target_kl")  # fmt: skip
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
 DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "[0, 1]", "gae_lambda": "[0, 1]",
            "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0", "ent_coef": ">= 0",
@@ -153,7 +149,7 @@ class Agent(nn.Module):
         probs = Normal(action_mean, action_std, validate_args=False)  # no argument checks: they sync with the host
         if action is None:
             # What probs.sample() draws (mean + std * N(0, 1), the same numbers), as ops the compiler fuses: under
-            # torch.compile, sample()'s torch.normal runs through a slow Python fallback (50 us per call on CPU).
+            # torch.compile, sample()'s torch.normal runs through a slow Python fallback.
             action = action_mean + action_std * torch.randn_like(action_mean)
         return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
 
@@ -165,13 +161,12 @@ def compute_advantages(rewards, values, dones, next_value, next_done, gamma, gae
     """
     next_non_terminal = 1.0 - torch.cat([dones[1:], next_done[None]])
     next_values = torch.cat([values[1:], next_value[None]])
-    deltas = rewards + gamma * next_values * next_non_terminal - values
-    # advantages[t] = deltas[t] + coefs[t] * advantages[t + 1] is a linear recurrence: a parallel scan solves it
-    # in log2(num_steps) vectorised rounds instead of num_steps Python steps (and compiles without unrolling them).
-    # After the round with `shift`, advantages[t] sums the deltas of steps t .. t + 2 * shift - 1.
-    advantages, coefs = deltas, gamma * gae_lambda * next_non_terminal
+    advantages = rewards + gamma * next_values * next_non_terminal - values  # the deltas
+    coefs = gamma * gae_lambda * next_non_terminal
+    # A parallel scan: log2(num_steps) rounds of whole-rollout tensor ops instead of num_steps Python steps (it
+    # compiles without unrolling them). After the round with `shift`, advantages[t] sums steps t .. t + 2 * shift - 1.
     shift = 1
-    while shift < len(deltas):
+    while shift < len(advantages):
         advantages = advantages + coefs * F.pad(advantages[shift:], (0, 0, 0, shift))
         coefs = coefs * F.pad(coefs[shift:], (0, 0, 0, shift))
         shift *= 2
@@ -194,12 +189,12 @@ def bootstrap_truncated(rewards, terminations, truncations, final_obs, value, ga
 def build_ppo(obs_dim, action_dim, args, device):
     """The agent, its optimizer and the update of one minibatch; the training loop only calls the functions."""
     agent = Agent(obs_dim, action_dim).to(device)
-    # Acting uses a copy of the agent whose parameters are detached views of the agent's: no autograd
-    # bookkeeping during rollouts, and it always sees the latest weights without a copy. Its shell is built on
-    # "meta": no memory, and no draw from the random generator (the run samples what the plain script samples).
+    # The acting copy: the agent's parameters as plain tensors (not nn.Parameters) sharing their storage, so the
+    # optimizer's in-place steps reach it and the compiled (and captured) acting sees no tensor that requires grad.
+    # Its shell is built on "meta": no memory, and no draw from the random generator (the plain script's draws).
     with torch.device("meta"):
-        agent_inference = Agent(obs_dim, action_dim)
-    from_module(agent).data.to_module(agent_inference, preserve_module_state=False)
+        acting_agent = Agent(obs_dim, action_dim)
+    from_module(agent).data.to_module(acting_agent, preserve_module_state=False)
     # lr in a tensor: annealing writes into it instead of changing a Python float the compiled code depends on;
     # fused: one multi-tensor kernel per step; capturable: under a CUDA graph the step counter lives on the device.
     optimizer = torch.optim.Adam(
@@ -265,12 +260,12 @@ def build_ppo(obs_dim, action_dim, args, device):
 
     def policy(obs):
         with torch.no_grad():
-            action, logprob, _, value = agent_inference.get_action_and_value(obs)
+            action, logprob, _, value = acting_agent.get_action_and_value(obs)
         return action, logprob, value.flatten()
 
     def value(obs):
         with torch.no_grad():
-            return agent_inference.get_value(obs).flatten()
+            return acting_agent.get_value(obs).flatten()
 
     def gae(rewards, values, dones, next_value, next_done):
         return compute_advantages(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
@@ -306,12 +301,13 @@ def build_ppo(obs_dim, action_dim, args, device):
         learning_rate = lr
 
     def state_dict():
-        """The agent's and the optimizer's state_dicts, as the plain script saves them (its lr, fused and capturable)."""
+        """The agent's and the optimizer's state_dicts, as the plain script saves them (its lr, fused and
+        capturable)."""
         optimizer_state = run_utils.optimizer_state(optimizer, lr=learning_rate, fused=None, capturable=False)
         return {"agent": agent.state_dict(), "optimizer": optimizer_state}
 
     def load_state_dict(state):
-        agent.load_state_dict(state["agent"])  # in place: agent_inference's views see the loaded parameters
+        agent.load_state_dict(state["agent"])  # in place: acting_agent's views see the loaded parameters
         lr = optimizer.param_groups[0]["lr"]  # the tensor the compiled and captured steps read
         run_utils.load_optimizer_state(optimizer, state["optimizer"], lr=lr, fused=True, capturable=args.cudagraphs)
         set_learning_rate(state["optimizer"]["param_groups"][0]["lr"])
@@ -319,7 +315,7 @@ def build_ppo(obs_dim, action_dim, args, device):
     return SimpleNamespace(
         captured=captured,
         agent=agent,
-        agent_inference=agent_inference,
+        acting_agent=acting_agent,
         optimizer=optimizer,
         update=update,
         policy=policy,
@@ -392,12 +388,13 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
     make_eval_env = lambda seed, render_mode: make_env(args.env_id, args.gamma, render_mode)()  # noqa: E731
-    run = run_utils.Run(args, __file__, "ppo_continuous", "continuous PPO", HYPERPARAMETERS, make_eval_env,
-                        schedule="the learning-rate anneal" if args.anneal_lr else None)  # fmt: skip
-    device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
+    run = run_utils.Run(args, script=__file__, algo="ppo_continuous", name="continuous PPO",
+                        total_steps=num_iterations * batch_size, make_eval_env=make_eval_env,
+                        schedule="the learning-rate anneal" if args.anneal_lr else None)  # fmt: skip
+    device = run.device
     start_step, start_iteration = (
         (run.checkpoint["global_step"], run.checkpoint["iteration"]) if run.checkpoint else (0, 0)
     )
@@ -430,11 +427,9 @@ if __name__ == "__main__":
         next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
     next_done = np.zeros(args.num_envs, dtype=np.float32)
     global_step, iterations_done = start_step, start_iteration  # as the loop goes
-    run.progress(start_step, num_iterations * batch_size)
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        run.clock(
-            iteration, start_iteration + 1, start_iteration + 1 + args.measure_burnin, global_step, ready=ppo.captured()
-        )
+        run.clock(iteration, train_from=start_iteration + 1, measure_from=start_iteration + 1 + args.measure_burnin,
+                  global_step=global_step, ready=ppo.captured())  # fmt: skip
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             ppo.set_learning_rate(frac * args.learning_rate)

@@ -51,9 +51,6 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """the lambda of the Q(lambda) targets (0: one-step Q-learning targets; 1: Monte Carlo returns)"""
 
 
-# What makes the agent: a checkpoint made with other values of these is refused by --resume.
-HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "num_minibatches", "update_epochs", "anneal_lr", "gamma",
-                   "start_e", "end_e", "exploration_fraction", "max_grad_norm", "q_lambda")  # fmt: skip
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
 DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "num_minibatches": ">= 1",
            "update_epochs": ">= 1", "gamma": "[0, 1]", "start_e": "[0, 1]", "end_e": "[0, 1]",
@@ -204,11 +201,12 @@ if __name__ == "__main__":
     check_args(args)
     make_eval_env = lambda seed, render_mode: make_env(args.env_id, render_mode)()  # noqa: E731
     schedule = "the learning-rate anneal and the epsilon decay" if args.anneal_lr else "the epsilon decay"
-    run = run_utils.Run(args, __file__, "pqn", "PQN", HYPERPARAMETERS, make_eval_env, schedule=schedule)
-    device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
+    run = run_utils.Run(args, script=__file__, algo="pqn", name="PQN", total_steps=num_iterations * batch_size,
+                        make_eval_env=make_eval_env, schedule=schedule)  # fmt: skip
+    device = run.device
     start_step, start_iteration = (
         (run.checkpoint["global_step"], run.checkpoint["iteration"]) if run.checkpoint else (0, 0)
     )
@@ -240,9 +238,9 @@ if __name__ == "__main__":
     next_obs, _ = envs.reset(seed=args.seed + start_step)
     next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
     global_step, iterations_done = start_step, start_iteration  # as the loop goes
-    run.progress(start_step, num_iterations * batch_size)
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        run.clock(iteration, start_iteration + 1, start_iteration + 1 + args.measure_burnin, global_step)
+        run.clock(iteration, train_from=start_iteration + 1, measure_from=start_iteration + 1 + args.measure_burnin,
+                  global_step=global_step)  # fmt: skip
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             pqn.set_learning_rate(frac * args.learning_rate)

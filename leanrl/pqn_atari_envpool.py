@@ -27,11 +27,11 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     measure_burnin: int = 3
     """training iterations (rollout + update) left out of the sps measure (compile, warm-up)"""
     checkpoint_every: int = 0
-    """with --save-model, also save the checkpoint every this many env steps (0: only at the end): after the iteration in which the step count reaches each multiple"""
+    """with --save-model, also save the checkpoint every this many env steps, as an iteration ends (0: only at end)"""
     eval_episodes: int = 10
     """games of the saved agent's epsilon-greedy policy (epsilon 0.05) on a fresh env after training"""
     capture_video: bool = False
-    """with --save-model, record the evaluation games as MP4 files in a videos/ folder beside the checkpoint: the agent's 84x84 view (envpool's Atari envs cannot render)"""
+    """with --save-model, record the evaluation games as MP4 files in a videos/ folder beside the checkpoint (84x84)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
@@ -58,9 +58,6 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """the lambda of the Q(lambda) targets (0: one-step Q-learning targets, 1: Monte Carlo returns)"""
 
 
-# What makes the agent: a checkpoint made with other values of these is refused by --resume.
-HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma", "num_minibatches", "update_epochs",
-                   "max_grad_norm", "start_e", "end_e", "exploration_fraction", "q_lambda")  # fmt: skip
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
 DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "num_minibatches": ">= 1",
            "update_epochs": ">= 1", "gamma": "[0, 1]", "start_e": "[0, 1]", "end_e": "[0, 1]",
@@ -248,7 +245,8 @@ if __name__ == "__main__":
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
     make_eval_env = lambda seed, render_mode: run_utils.EvalGame(make_envs(args.env_id, 1, seed))  # noqa: E731
     schedule = "the learning-rate anneal and the epsilon decay" if args.anneal_lr else "the epsilon decay"
-    run = run_utils.Run(args, __file__, "pqn_atari", "PQN Atari", HYPERPARAMETERS, make_eval_env, unit="games",
+    run = run_utils.Run(args, script=__file__, algo="pqn_atari", name="PQN Atari",
+                        total_steps=num_iterations * batch_size, make_eval_env=make_eval_env, unit="games",
                         schedule=schedule)  # fmt: skip
     device = run.device
     start_iteration, start_step = (
@@ -279,9 +277,9 @@ if __name__ == "__main__":
     next_done = torch.zeros(args.num_envs, device=device)
     game_returns = np.zeros(args.num_envs)  # each env's unclipped score since its game started, over all lives
     global_step = start_step
-    run.progress(start_step, num_iterations * batch_size)
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        run.clock(iteration, start_iteration + 1, start_iteration + 1 + args.measure_burnin, global_step)
+        run.clock(iteration, train_from=start_iteration + 1, measure_from=start_iteration + 1 + args.measure_burnin,
+                  global_step=global_step)  # fmt: skip
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             pqn.set_learning_rate(frac * args.learning_rate)

@@ -3,16 +3,17 @@
 # PQN (Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning") is DQN without a replay buffer and
 # without a target network: many envs fill an on-policy rollout, a Q network with LayerNorm (which keeps its
 # bootstrapped targets stable) regresses onto the rollout's Q(lambda) returns for a few epochs, and the rollout goes.
+import ctypes
 import os
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Literal
 
 import envpool
 import numpy as np
 import run_utils
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import tyro
 from envpool.registration import registry
 from tensordict import TensorDict, from_module
@@ -30,11 +31,11 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     measure_burnin: int = 3
     """training iterations (rollout + update) left out of the sps measure (compile, warm-up)"""
     checkpoint_every: int = 0
-    """with --save-model, also save the checkpoint every this many env steps (0: only at the end): after the iteration in which the step count reaches each multiple"""
+    """with --save-model, also save the checkpoint every this many env steps, as an iteration ends (0: only at end)"""
     eval_episodes: int = 10
     """games of the saved agent's epsilon-greedy policy (epsilon 0.05) on a fresh env after training"""
     capture_video: bool = False
-    """with --save-model, record the evaluation games as MP4 files in a videos/ folder beside the checkpoint: the agent's 84x84 view (envpool's Atari envs cannot render)"""
+    """with --save-model, record the evaluation games as MP4 files in a videos/ folder beside the checkpoint (84x84)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     num_envs: int = 8
@@ -60,23 +61,18 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     q_lambda: float = 0.65
     """the lambda of the Q(lambda) targets (0: one-step Q-learning targets, 1: Monte Carlo returns)"""
     compile: bool = False
-    """if toggled, the update, action selection and Q(lambda) targets are compiled with torch.compile (on a CPU the Q(lambda) targets only: there the Q network runs faster eagerly)"""
+    """if toggled, the update, action selection and Q(lambda) targets are compiled (on a CPU the targets only)"""
     cudagraphs: bool = False
     """if toggled, the update, action selection and Q(lambda) targets are captured in CUDA graphs (CUDA only)"""
-    env_halves: Literal["auto", "on", "off"] = "auto"
-    """step the envs as two pools of half each, one stepping while the policy acts for the other (needs an even --num-envs): on, off (one pool), or auto: on where the policy runs on a GPU"""
 
 
-# What makes the agent: a checkpoint made with other values of these is refused by --resume.
-HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "anneal_lr", "gamma", "num_minibatches", "update_epochs",
-                   "max_grad_norm", "start_e", "end_e", "exploration_fraction", "q_lambda")  # fmt: skip
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
 DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "num_minibatches": ">= 1",
            "update_epochs": ">= 1", "gamma": "[0, 1]", "start_e": "[0, 1]", "end_e": "[0, 1]",
            "exploration_fraction": "(0, 1]", "max_grad_norm": "> 0", "q_lambda": "[0, 1]"}  # fmt: skip
 EVAL_EPSILON = 0.05  # the evaluation's exploration rate, as in CleanRL's DQN evaluation (it has none for PQN)
 # CudaGraphModule runs a function's first CUDAGRAPH_WARMUP - 1 calls eagerly and records its graph on the next one.
-CUDAGRAPH_WARMUP = 5
+CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the calls before run eagerly)
 
 
 def check_args(args):
@@ -110,6 +106,36 @@ def make_envs(env_id, num_envs, seed):
     except Exception as error:
         run_utils.exit_with_error(f"cannot make env {env_id!r}: {error}")
     return envs
+
+
+def make_frames_to_device(shape, device):
+    """envpool's uint8 frames (of this shape) as a tensor on the device: on a CPU the env's own array, with no copy."""
+    if device.type != "cuda":
+        return torch.from_numpy
+    # To a GPU through one buffer pinned once (pinning each step's frames costs more than the copy): from pinned memory
+    # the copy runs on its own (non_blocking) while the host goes on to launch the policy.
+    pinned_frames, copied = torch.empty(shape, dtype=torch.uint8, pin_memory=True), torch.cuda.Event()
+
+    def frames_to_device(frames):
+        copied.synchronize()  # the last copy has read the buffer
+        on_device = pinned_frames.copy_(torch.from_numpy(frames)).to(device, non_blocking=True)
+        copied.record()
+        return on_device
+
+    return frames_to_device
+
+
+def keep_freed_memory():
+    """Have glibc's malloc keep the memory the process frees (up to 1 GiB) and serve blocks up to 32 MiB from it: an
+    update frees and allocates tens of MB of activations, and memory given back to the kernel costs a page fault per
+    4 kB page when it is allocated again. Nothing to do where the C library is not glibc."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's malloc.h
+    mallopt(m_mmap_threshold, 32 * 2**20)  # the largest it takes on a 64-bit machine
+    mallopt(m_trim_threshold, 2**30)
 
 
 def epsilon_at(step, args):
@@ -178,23 +204,19 @@ def compute_q_lambda_returns(rewards, values, dones, next_value, next_done, gamm
     and the return of the next step: G[t] = r[t] + gamma * ((1 - q_lambda) * values[t + 1] + q_lambda * G[t + 1]),
     and the step after the rollout's last is next_value (so G[T - 1] = r + gamma * next_value). dones[t] says
     observation t is the last frame of a finished episode: nothing after it is bootstrapped or summed.
-
-    The recurrence G[t] = a[t] + discounts[t] * G[t + 1], discounts[t] = gamma * q_lambda * (1 - dones[t + 1]), is
-    solved by a parallel scan: log2(num_steps) rounds of whole-rollout tensor ops instead of num_steps rounds of
-    per-step ops.
     """
     next_non_terminal = 1.0 - torch.cat([dones[1:], next_done[None]])
     next_values = torch.cat([values[1:], next_value[None]])
     returns = rewards + gamma * (1 - q_lambda) * next_non_terminal * next_values  # a[t]
-    discounts = gamma * q_lambda * next_non_terminal
-    returns = torch.cat([returns[:-1], returns[-1:] + discounts[-1:] * next_value])  # G[T] = next_value
-    # After the round with offset k, returns[t] sums the discounted a of steps t .. t + 2k - 1 and discounts[t] is
-    # the product of the discounts over those steps.
-    num_steps, offset = rewards.shape[0], 1
-    while offset < num_steps:
-        returns = torch.cat([returns[:-offset] + discounts[:-offset] * returns[offset:], returns[-offset:]])
-        discounts = torch.cat([discounts[:-offset] * discounts[offset:], discounts[-offset:]])
-        offset *= 2
+    coefs = gamma * q_lambda * next_non_terminal  # G[t] = a[t] + coefs[t] * G[t + 1]
+    returns = torch.cat([returns[:-1], returns[-1:] + coefs[-1:] * next_value])  # G[T] = next_value
+    # A parallel scan: log2(num_steps) rounds of whole-rollout tensor ops instead of num_steps Python steps (it
+    # compiles without unrolling them). After the round with `shift`, returns[t] sums steps t .. t + 2 * shift - 1.
+    shift = 1
+    while shift < len(returns):
+        returns = returns + coefs * F.pad(returns[shift:], (0, 0, 0, shift))
+        coefs = coefs * F.pad(coefs[shift:], (0, 0, 0, shift))
+        shift *= 2
     return returns
 
 
@@ -207,8 +229,8 @@ def build_pqn(num_actions, args, device):
     """The Q network, its optimizer and the update of one minibatch; the training loop only calls the functions."""
     qnet = QNetwork(num_actions).to(device)
     # The acting copy: the Q network's parameters as plain tensors (not nn.Parameters) sharing their storage, so the
-    # optimizer's in-place steps reach it and acting builds no autograd state. Its shell is built on "meta": no
-    # memory, and no draw from the random generator (the run draws the same numbers as the plain script's).
+    # optimizer's in-place steps reach it and the compiled (and captured) acting sees no tensor that requires grad.
+    # Its shell is built on "meta": no memory, and no draw from the random generator (the plain script's draws).
     with torch.device("meta"):
         acting_qnet = QNetwork(num_actions)
     from_module(qnet).data.to_module(acting_qnet, preserve_module_state=False)
@@ -244,11 +266,13 @@ def build_pqn(num_actions, args, device):
     # epsilon: a 0-d tensor, written in place each step (a changing Python float would recompile).
     def policy(obs, epsilon):
         """The epsilon-greedy actions and the best Q value of each observation."""
-        q_values = acting_qnet(obs)
+        with torch.no_grad():
+            q_values = acting_qnet(obs)
         return epsilon_greedy(q_values, epsilon), q_values.max(1).values
 
     def value(obs):
-        return acting_qnet(obs).max(1).values
+        with torch.no_grad():
+            return acting_qnet(obs).max(1).values
 
     # The learning rate as a Python float too: checkpoints hold it as the plain script does, not its float32 rounding.
     scheduled_lr = args.learning_rate
@@ -278,7 +302,7 @@ def build_pqn(num_actions, args, device):
     # update looks loss_backward up when called, so it uses the compiled one.
     if args.compile:
         # Compiled: fused kernels instead of one Python dispatch per op. On a CPU the Q network stays eager: oneDNN's
-        # kernels beat inductor's LayerNorms there (an update of 256 frames 115 vs 129 ms, acting on 8: 2.1 vs 2.7 ms).
+        # kernels beat inductor's LayerNorms there, in the update and in acting.
         q_lambda_returns = torch.compile(q_lambda_returns)
         if device.type != "cpu":
             # Trace backward() into the compiled graph (torch >= 2.11): forward and backward become one kernel
@@ -294,6 +318,9 @@ def build_pqn(num_actions, args, device):
         policy = CudaGraphModule(policy, warmup=CUDAGRAPH_WARMUP)
         value = CudaGraphModule(value, warmup=CUDAGRAPH_WARMUP)
         q_lambda_returns = CudaGraphModule(q_lambda_returns, warmup=CUDAGRAPH_WARMUP)
+    # The sps clock starts once every graph is recorded: a capture, like a compilation, is not the steady state.
+    graphs = [update, policy, value, q_lambda_returns] if args.cudagraphs else []
+    captured = lambda: all(graph.counter >= CUDAGRAPH_WARMUP for graph in graphs)  # noqa: E731
 
     return SimpleNamespace(
         qnet=qnet,
@@ -303,6 +330,7 @@ def build_pqn(num_actions, args, device):
         policy=policy,
         value=value,
         q_lambda_returns=q_lambda_returns,
+        captured=captured,
         set_learning_rate=set_learning_rate,
         state_dict=state_dict,
         load_state_dict=load_state_dict,
@@ -328,26 +356,23 @@ def evaluation_policy(checkpoint, env, device):
 if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
-    run_utils.keep_freed_memory()  # each update frees and allocates tens of MB: kept, not faulted in page by page
+    keep_freed_memory()  # each update frees and allocates tens of MB: kept, not faulted in page by page
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
     make_eval_env = lambda seed, render_mode: run_utils.EvalGame(make_envs(args.env_id, 1, seed))  # noqa: E731
     schedule = "the learning-rate anneal and the epsilon decay" if args.anneal_lr else "the epsilon decay"
-    run = run_utils.Run(args, __file__, "pqn_atari", "PQN Atari", HYPERPARAMETERS, make_eval_env, unit="games",
+    run = run_utils.Run(args, script=__file__, algo="pqn_atari", name="PQN Atari",
+                        total_steps=num_iterations * batch_size, make_eval_env=make_eval_env, unit="games",
                         schedule=schedule)  # fmt: skip
     device = run.device
     start_iteration, start_step = (
         (run.checkpoint["iteration"], run.checkpoint["global_step"]) if run.checkpoint else (0, 0)
     )
 
-    # Two halves where the policy runs on a GPU: one half steps in envpool's threads while the host acts for the other.
-    num_pools = run_utils.env_pool_count(args.env_halves, args.num_envs, device, f"{run.script}: {args.num_envs} envs")
-    pool_size = args.num_envs // num_pools
-    # A resumed run starts new games, on envs seeded by the step it resumes at. envpool seeds env i of a pool with
-    # seed + i, so the second half's pool starts at seed + pool_size: every env plays the games of one pool.
-    env_pools = [make_envs(args.env_id, pool_size, args.seed + start_step + p * pool_size) for p in range(num_pools)]
-    pqn = build_pqn(env_pools[0].action_space.n, args, device)
+    # A resumed run starts new games, on envs seeded by the step it resumes at.
+    envs = make_envs(args.env_id, args.num_envs, args.seed + start_step)
+    pqn = build_pqn(envs.action_space.n, args, device)
     if run.checkpoint:
         pqn.load_state_dict(run.checkpoint["agent"])
         run_utils.set_rng_state(run.checkpoint["rng"])
@@ -356,36 +381,17 @@ if __name__ == "__main__":
         """A PQN checkpoint: the step, the iterations done (where the schedules go on) and the agent."""
         run.save_checkpoint(global_step=global_step, iteration=global_step // batch_size, agent=pqn.state_dict())
 
-    def receive(pool):
-        """Wait for a pool's step, file what it returned in the rollout step it was sent from."""
-        obs, reward, terminations, truncations, infos = env_pools[pool].recv()
-        # The game's real return: its unclipped rewards summed over all lives, until the game is over
-        # (infos["terminated"]) or cut by the time limit.
-        pool_returns = game_returns[pool * pool_size : (pool + 1) * pool_size]  # a view: += writes into game_returns
-        pool_returns += infos["reward"]
-        for index in np.flatnonzero(infos["terminated"].astype(bool) | truncations):
-            run.episode(float(pool_returns[index]), global_step, epsilon=epsilon_at(global_step, args))
-            pool_returns[index] = 0.0
-        sent[pool].update(rewards=reward)
-        next_obs[pool] = frames_to_device(obs)
-        next_done[pool] = (terminations | truncations).astype(np.float32)
-
-    next_obs = [envs.reset()[0] for envs in env_pools]
+    next_obs, _ = envs.reset()
     # Frames stay uint8 until the network divides them by 255: a quarter of the memory and copies of float32.
-    # To a GPU through one pinned buffer: the transfer runs while the host goes on to launch the policy.
-    frames_to_device = run_utils.make_frames_to_device(next_obs[0].shape, device)
-    next_obs = [frames_to_device(obs) for obs in next_obs]
-    next_done = [np.zeros(pool_size, dtype=np.float32) for _ in env_pools]
+    frames_to_device = make_frames_to_device(next_obs.shape, device)
+    next_obs = frames_to_device(next_obs)
+    next_done = torch.zeros(args.num_envs)
     epsilon_tensor = torch.zeros((), device=device)
     game_returns = np.zeros(args.num_envs)  # each env's unclipped score since its game started, over all lives
-    sent = [None] * num_pools  # each pool's step in flight: the rollout entry its results go to
     global_step = start_step
-    # Each captured function runs at least once an iteration (value and q_lambda_returns exactly once): with
-    # --cudagraphs all are recorded by iteration CUDAGRAPH_WARMUP, and the sps clock starts after it.
-    burnin = max(args.measure_burnin, CUDAGRAPH_WARMUP) if args.cudagraphs else args.measure_burnin
-    run.progress(start_step, num_iterations * batch_size)
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        run.clock(iteration, start_iteration + 1, start_iteration + 1 + burnin, global_step)
+        run.clock(iteration, train_from=start_iteration + 1, measure_from=start_iteration + 1 + args.measure_burnin,
+                  global_step=global_step, ready=pqn.captured())  # fmt: skip
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             pqn.set_learning_rate(frac * args.learning_rate)
@@ -394,42 +400,38 @@ if __name__ == "__main__":
         # action and returns the new episode's first frame with reward 0. So dones[t] = 1 marks obs[t] as the
         # last frame of an episode: the returns do not reach across it, and step t, the reset step, is no
         # transition of the game: the update masks it out.
-        # The rollout's tensors are collected in lists and stacked once: cheaper than a write per step and key.
-        # The env's outputs stay numpy until then: one host-to-device copy per rollout instead of one per step.
-        steps, env_steps = [], []
-        for step in range(args.num_steps):
-            # Epsilon at the step count this step reaches, as in CleanRL.
-            epsilon = epsilon_at(global_step + args.num_envs, args)
-            epsilon_tensor.fill_(epsilon)  # in place: the compiled and captured policy read this tensor
-            # Pools in turn, each waited for just before it acts: its step ran while the policy acted for the other.
-            for pool, envs in enumerate(env_pools):
-                if step > 0:
-                    receive(pool)
-                action, value = pqn.policy(next_obs[pool], epsilon_tensor)
-                steps.append(dict(obs=next_obs[pool], actions=action, values=value))
-                env_steps.append(dict(dones=next_done[pool]))
-                sent[pool] = env_steps[-1]
-                envs.send(action.cpu().numpy())
+        # The rollout's steps are collected in a list and stacked once: cheaper than a write per step and key.
+        steps = []
+        for _ in range(args.num_steps):
             global_step += args.num_envs
-        for pool in range(num_pools):
-            receive(pool)
+            epsilon = epsilon_at(global_step, args)  # at the step count this step reaches, as in CleanRL
+            epsilon_tensor.fill_(epsilon)  # in place: the compiled and captured policy read this tensor
+            action, value = pqn.policy(next_obs, epsilon_tensor)
+            steps.append(dict(obs=next_obs, dones=next_done, actions=action, values=value))
 
-        rollout = TensorDict(
-            {
-                **{key: torch.stack([s[key] for s in steps]) for key in steps[0]},
-                **{key: torch.as_tensor(np.stack([s[key] for s in env_steps]), device=device) for key in env_steps[0]},
-            },
-            [args.num_steps * num_pools, pool_size],
-        ).reshape(args.num_steps, args.num_envs)  # [step, pool, env of the pool] is [step, env]
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            # The game's real return: its unclipped rewards summed over all lives, until the game is over
+            # (infos["terminated"]) or cut by the time limit.
+            game_returns += infos["reward"]
+            for index in np.flatnonzero(infos["terminated"].astype(bool) | truncations):
+                run.episode(float(game_returns[index]), global_step, epsilon=epsilon)
+                game_returns[index] = 0.0
+            steps[-1]["rewards"] = torch.from_numpy(reward)
+            next_obs = frames_to_device(next_obs)
+            next_done = torch.from_numpy(terminations | truncations).float()
+
+        # The env's outputs stayed on the host: one host-to-device copy a key per rollout instead of one per step.
+        rollout = TensorDict({key: torch.stack([s[key] for s in steps]) for key in steps[0]},
+                             [args.num_steps, args.num_envs], device=device)  # fmt: skip
 
         # A truncation (the time limit) ends the return like a termination (a lost life), as in CleanRL and the paper.
-        next_value = pqn.value(torch.cat(next_obs))
+        next_value = pqn.value(next_obs)
         rollout["returns"] = pqn.q_lambda_returns(
             rollout["rewards"],
             rollout["values"],
             rollout["dones"],
             next_value,
-            torch.as_tensor(np.concatenate(next_done), device=device),
+            next_done.to(device),
         )
         rollout["mask"] = 1.0 - rollout["dones"]
 
@@ -451,6 +453,5 @@ if __name__ == "__main__":
             break
         if run.checkpoint_due(global_step, batch_size):
             save_checkpoint()
-    for envs in env_pools:
-        envs.close()
+    envs.close()
     run.finish(global_step, save_checkpoint, evaluation_policy)

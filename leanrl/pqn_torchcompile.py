@@ -55,9 +55,6 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """if toggled, the update, action selection and Q(lambda) targets are captured in CUDA graphs (CUDA only)"""
 
 
-# What makes the agent: a checkpoint made with other values of these is refused by --resume.
-HYPERPARAMETERS = ("learning_rate", "num_envs", "num_steps", "num_minibatches", "update_epochs", "anneal_lr", "gamma",
-                   "start_e", "end_e", "exploration_fraction", "max_grad_norm", "q_lambda")  # fmt: skip
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
 DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "num_minibatches": ">= 1",
            "update_epochs": ">= 1", "gamma": "[0, 1]", "start_e": "[0, 1]", "end_e": "[0, 1]",
@@ -132,14 +129,14 @@ def q_lambda_returns(rewards, values, dones, last_value, gamma, q_lambda):
     Each target mixes the one-step bootstrap and the next step's target:
     returns[t] = rewards[t] + gamma * (1 - dones[t]) * ((1 - q_lambda) * values[t + 1] + q_lambda * returns[t + 1]).
     """
-    # The same targets as GAE's advantages: excess[t] = returns[t] - values[t] = deltas[t] + coefs[t] * excess[t + 1],
-    # a linear recurrence that a parallel scan solves in log2(num_steps) vectorised rounds instead of num_steps Python
-    # steps (and compiles without unrolling them). After the round with `shift`, excess[t] sums steps t .. t+2*shift-1.
+    # As GAE's advantages: excess[t] = returns[t] - values[t] = deltas[t] + coefs[t] * excess[t + 1].
     next_values = torch.cat([values[1:], last_value[None]])
-    deltas = rewards + gamma * (1 - dones) * next_values - values
-    excess, coefs = deltas, gamma * q_lambda * (1 - dones)
+    excess = rewards + gamma * (1 - dones) * next_values - values  # the deltas
+    coefs = gamma * q_lambda * (1 - dones)
+    # A parallel scan: log2(num_steps) rounds of whole-rollout tensor ops instead of num_steps Python steps (it
+    # compiles without unrolling them). After the round with `shift`, excess[t] sums steps t .. t + 2 * shift - 1.
     shift = 1
-    while shift < len(deltas):
+    while shift < len(excess):
         excess = excess + coefs * F.pad(excess[shift:], (0, 0, 0, shift))
         coefs = coefs * F.pad(coefs[shift:], (0, 0, 0, shift))
         shift *= 2
@@ -149,8 +146,9 @@ def q_lambda_returns(rewards, values, dones, last_value, gamma, q_lambda):
 def build_pqn(obs_dim, n_actions, args, device):
     """The Q network, its optimizer and the update of one minibatch; the training loop only calls the functions."""
     qnet = QNetwork(obs_dim, n_actions).to(device)
-    # Acting uses a copy of the Q network whose parameters are detached views of its own: no autograd bookkeeping
-    # in rollouts, and always the latest weights without a copy. Its shell is built on "meta": no memory, no init.
+    # The acting copy: the Q network's parameters as plain tensors (not nn.Parameters) sharing their storage, so the
+    # optimizer's in-place steps reach it and the compiled (and captured) acting sees no tensor that requires grad.
+    # Its shell is built on "meta": no memory, and no draw from the random generator (the plain script's draws).
     with torch.device("meta"):
         acting_qnet = QNetwork(obs_dim, n_actions)
     from_module(qnet).data.to_module(acting_qnet, preserve_module_state=False)
@@ -168,7 +166,7 @@ def build_pqn(obs_dim, n_actions, args, device):
         return TensorDict(td_loss=loss.detach(), q_values=q_values.detach().mean())
 
     # Clipping and the step in a function of their own (torch.optim breaks a graph that holds the loss): --compile
-    # fuses RAdam's dozen ops per parameter into a few kernels (its lr a tensor already): the update 1.8x faster on CPU.
+    # fuses RAdam's dozen ops per parameter into a few kernels (its lr a tensor already).
     def clip_and_step():
         # foreach: the norm and the scaling as multi-tensor kernels instead of a loop over parameters.
         nn.utils.clip_grad_norm_(qnet.parameters(), args.max_grad_norm, foreach=True)
@@ -184,13 +182,15 @@ def build_pqn(obs_dim, n_actions, args, device):
     # host to decide. One draw for both choices: compiled code may run two independent random ops in either order.
     def policy(obs, epsilon):
         """Epsilon-greedy actions for a batch of observations, and max_a Q(obs, a) (the bootstrap value) of each."""
-        values, greedy = acting_qnet(obs).max(1)
+        with torch.no_grad():
+            values, greedy = acting_qnet(obs).max(1)
         uniform = torch.rand((2, *greedy.shape), device=obs.device)
         random_actions = (uniform[1] * n_actions).long()
         return torch.where(uniform[0] < epsilon, random_actions, greedy), values
 
     def value(obs):
-        return acting_qnet(obs).max(1).values
+        with torch.no_grad():
+            return acting_qnet(obs).max(1).values
 
     def returns(rewards, values, dones, last_value):
         return q_lambda_returns(rewards, values, dones, last_value, args.gamma, args.q_lambda)
@@ -266,11 +266,12 @@ if __name__ == "__main__":
     check_args(args)
     make_eval_env = lambda seed, render_mode: make_env(args.env_id, render_mode)()  # noqa: E731
     schedule = "the learning-rate anneal and the epsilon decay" if args.anneal_lr else "the epsilon decay"
-    run = run_utils.Run(args, __file__, "pqn", "PQN", HYPERPARAMETERS, make_eval_env, schedule=schedule)
-    device = run.device
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
+    run = run_utils.Run(args, script=__file__, algo="pqn", name="PQN", total_steps=num_iterations * batch_size,
+                        make_eval_env=make_eval_env, schedule=schedule)  # fmt: skip
+    device = run.device
     start_step, start_iteration = (
         (run.checkpoint["global_step"], run.checkpoint["iteration"]) if run.checkpoint else (0, 0)
     )
@@ -296,10 +297,9 @@ if __name__ == "__main__":
     next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
     epsilon_tensor = torch.zeros((), device=device)
     global_step, iterations_done = start_step, start_iteration  # as the loop goes
-    run.progress(start_step, num_iterations * batch_size)
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        run.clock(iteration, start_iteration + 1, start_iteration + 1 + args.measure_burnin, global_step,
-                  ready=pqn.captured())  # fmt: skip
+        run.clock(iteration, train_from=start_iteration + 1, measure_from=start_iteration + 1 + args.measure_burnin,
+                  global_step=global_step, ready=pqn.captured())  # fmt: skip
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             pqn.set_learning_rate(frac * args.learning_rate)

@@ -51,11 +51,7 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """automatic tuning of the entropy coefficient"""
 
 
-LOG_EVERY = 100  # iterations (steps of one env) between progress-bar updates, logs and the non-finite loss check
-# What makes the agent: a checkpoint made with other values of these is refused by --resume.
-HYPERPARAMETERS = ("num_envs", "gradient_steps", "buffer_size", "gamma", "tau", "batch_size",
-                   "learning_starts", "policy_lr", "q_lr", "policy_frequency", "target_network_frequency",
-                   "alpha", "autotune")  # fmt: skip
+LOG_EVERY = 100  # iterations (steps of one env) between logs and the non-finite loss check
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
 DOMAINS = {"num_envs": ">= 1", "gradient_steps": ">= 1", "buffer_size": ">= 1", "gamma": "[0, 1]", "tau": "[0, 1]",
            "batch_size": ">= 1", "learning_starts": ">= 0", "policy_lr": "> 0", "q_lr": "> 0",
@@ -297,15 +293,8 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
     make_eval_env = lambda seed, render_mode: make_env(args.env_id, render_mode)  # noqa: E731
-    run = run_utils.Run(
-        args,
-        __file__,
-        "sac",
-        "SAC",
-        HYPERPARAMETERS,
-        make_eval_env,
-        ended_early="before learning_starts + measure_burnin",
-    )
+    run = run_utils.Run(args, script=__file__, algo="sac", name="SAC", total_steps=args.total_timesteps,
+                        make_eval_env=make_eval_env, ended_early="before learning_starts + measure_burnin")  # fmt: skip
     device = run.device
     start_step = run.checkpoint["global_step"] if run.checkpoint else 0
 
@@ -333,8 +322,9 @@ if __name__ == "__main__":
     current_returns = np.zeros(args.num_envs)  # each env's episode so far
     train_step = max(args.learning_starts, start_step)  # where this process starts training
     global_step = start_step  # the steps done, as the loop goes
-    for step in run.steps(start_step, args.total_timesteps, args.num_envs):
-        run.clock(step, train_step, train_step + args.measure_burnin * args.num_envs)
+    for step in range(start_step, args.total_timesteps, args.num_envs):
+        run.clock(step, train_from=train_step, measure_from=train_step + args.measure_burnin * args.num_envs,
+                  global_step=global_step)  # fmt: skip
         if step < args.learning_starts:
             actions = envs.action_space.sample()
         else:

@@ -49,15 +49,12 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """noise clip parameter of the target policy smoothing regularization"""
 
 
-LOG_EVERY = 100  # iterations (steps of one env) between progress-bar updates, logs and the non-finite loss check
-# What makes the agent: a checkpoint made with other values of these is refused by --resume.
-HYPERPARAMETERS = ("num_envs", "gradient_steps", "learning_rate", "buffer_size", "gamma", "tau",
-                   "batch_size", "policy_noise", "exploration_noise", "learning_starts", "policy_frequency",
-                   "noise_clip")  # fmt: skip
+LOG_EVERY = 100  # iterations (steps of one env) between logs and the non-finite loss check
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
 DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "gradient_steps": ">= 1", "buffer_size": ">= 1",
-           "gamma": "[0, 1]", "tau": "[0, 1]", "batch_size": ">= 1", "policy_noise": ">= 0", "exploration_noise": ">= 0",
-           "learning_starts": ">= 0", "policy_frequency": ">= 1", "noise_clip": ">= 0"}  # fmt: skip
+           "gamma": "[0, 1]", "tau": "[0, 1]", "batch_size": ">= 1", "policy_noise": ">= 0",
+           "exploration_noise": ">= 0", "learning_starts": ">= 0", "policy_frequency": ">= 1",
+           "noise_clip": ">= 0"}  # fmt: skip
 
 
 def check_args(args):
@@ -257,15 +254,8 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
     make_eval_env = lambda seed, render_mode: make_env(args.env_id, render_mode)  # noqa: E731
-    run = run_utils.Run(
-        args,
-        __file__,
-        "td3",
-        "TD3",
-        HYPERPARAMETERS,
-        make_eval_env,
-        ended_early="before learning_starts + measure_burnin",
-    )
+    run = run_utils.Run(args, script=__file__, algo="td3", name="TD3", total_steps=args.total_timesteps,
+                        make_eval_env=make_eval_env, ended_early="before learning_starts + measure_burnin")  # fmt: skip
     device = run.device
     start_step = run.checkpoint["global_step"] if run.checkpoint else 0
 
@@ -293,8 +283,9 @@ if __name__ == "__main__":
     current_returns = np.zeros(args.num_envs)  # each env's episode so far
     train_step = max(args.learning_starts, start_step)  # where this process starts training
     global_step = start_step  # the steps done, as the loop goes
-    for step in run.steps(start_step, args.total_timesteps, args.num_envs):
-        run.clock(step, train_step, train_step + args.measure_burnin * args.num_envs)
+    for step in range(start_step, args.total_timesteps, args.num_envs):
+        run.clock(step, train_from=train_step, measure_from=train_step + args.measure_burnin * args.num_envs,
+                  global_step=global_step)  # fmt: skip
         if step < args.learning_starts:
             actions = envs.action_space.sample()
         else:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
-from conftest import default_dtype, load_script, script_path  # noqa: E402
+from helpers import default_dtype, load_script, script_path  # noqa: E402
 from test_ppo_atari import NUM_ACTIONS, call_update, random_minibatch  # noqa: E402
 
 GLOBAL_MINIBATCH = 16  # the rows of the global minibatch; each rank gets a contiguous half

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO_ROOT, describe
+from helpers import REPO_ROOT, describe
 from test_speedup_table import HAND_MADE, write_results
 
 BENCHMARKS = REPO_ROOT / "benchmarks"

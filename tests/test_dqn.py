@@ -12,8 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import (
-    DEVICES,
+from checks import (
     SameUpdates,
     assert_changed,
     assert_leaves_close,
@@ -30,13 +29,16 @@ from conftest import (
     check_twin_runs_with_every_flag_combination,
     check_video_of_the_evaluation,
     leaves,
+    sync_,
+)
+from helpers import (
+    DEVICES,
     load_script,
     one_torch_thread,
     requires_cuda,
     run_in_process,
     run_in_process_until,
     run_sh_tiny_run,
-    sync_,
 )
 from tensordict import TensorDict
 
@@ -183,7 +185,7 @@ def test_twin_policy_is_epsilon_greedy(device):
 
 # --- 3. The update and the policy agree: compiled and eager, captured and not, the twin's with the plain ---------
 #
-# Each round starts from bit-identical parameters: SameUpdates (conftest) checks the gradients tightly and the steps
+# Each round starts from bit-identical parameters: SameUpdates (checks.py) checks the gradients tightly and the steps
 # of Adam within its step size where a gradient is at its rounding noise, then copies the reference side's parameters
 # into the other side, in place. The target starts as another network than the Q network (in a run it is a copy
 # until the first gradient step), so that a TD target taken from the Q network shows up at once.
@@ -362,7 +364,7 @@ class ImageObsEnv(gym.Env):
 
 
 @pytest.fixture
-def test_envs():
+def registered_counting_and_image_envs():
     """CountingEnv and ImageObsEnv registered in gymnasium, for runs in this process."""
     gym.register("DqnTestCounting-v0", entry_point=CountingEnv, max_episode_steps=5)
     gym.register("DqnTestImageObs-v0", entry_point=ImageObsEnv)
@@ -371,7 +373,7 @@ def test_envs():
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_replay_stores_terminations_not_truncations_and_no_reset(name, test_envs):
+def test_replay_stores_terminations_not_truncations_and_no_reset(name, registered_counting_and_image_envs):
     flags = ("--env-id", "DqnTestCounting-v0", "--total-timesteps", 40, "--learning-starts", 100, "--batch-size", 8)
     run = run_in_process(name, *flags)
     assert run["episode_returns"] == [5.0, 3.0] * 5
@@ -393,7 +395,7 @@ def test_replay_stores_terminations_not_truncations_and_no_reset(name, test_envs
 
 
 def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
-    # The flags every script has are checked in conftest; here DQN's own, with CleanRL's defaults.
+    # The flags every script has are checked in checks.py; here DQN's own, with CleanRL's defaults.
     expected = {
         "env_id": "CartPole-v1",
         "total_timesteps": 500_000,
@@ -443,7 +445,7 @@ BAD_INPUTS = {
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path, capsys, test_envs):
+def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path, capsys, registered_counting_and_image_envs):
     flags, expected_words = BAD_INPUTS[case]
     check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys)
 

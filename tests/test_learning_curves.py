@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
-from conftest import REPO_ROOT, describe, run_in_process
+from helpers import REPO_ROOT, describe, run_in_process
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 import learning_curves  # noqa: E402
@@ -60,7 +60,7 @@ def seconds(record):
 # --- Recording and resuming ---------------------------------------------------------------------------------------
 
 
-def test_run_records_the_scripts_episodes_and_a_rerun_skips_recorded_seeds(tmp_path):
+def test_run_records_the_scripts_episodes_and_a_rerun_skips_done_seeds(tmp_path):
     first = run_tool("run", "--script", SAC, "--seeds", 1, "--out", tmp_path, "--", *SAC_FLAGS)
     assert first.returncode == 0, describe(first)
     ((name, record),) = records(tmp_path).items()
@@ -169,7 +169,7 @@ def test_an_interrupted_seed_goes_on_from_its_checkpoint(tmp_path):
     assert not model.exists() and not partial.exists(), "the checkpoint and episodes of a recorded seed are removed"
 
 
-def test_keep_model_keeps_the_trained_agent_beside_the_record_for_evaluation(tmp_path):
+def test_keep_model_keeps_the_final_agent_beside_the_record_to_evaluate(tmp_path):
     """--keep-model (no checkpoints on the way): the run's final checkpoint is the record's .pt, named by the record,
     with no hidden file left; the script evaluates it as a finished run, training nothing more."""
     result = run_tool("run", "--script", SAC, "--seeds", 1, "--out", tmp_path, "--keep-model", "--", *SAC_FLAGS)
@@ -213,7 +213,7 @@ def test_atari_games_are_recorded_with_their_unclipped_scores(tmp_path):
 
 
 @pytest.mark.parametrize("processes", [1, 2])
-def test_a_distributed_script_in_a_world_of_processes_and_the_random_policy(processes, tmp_path):
+def test_run_records_a_world_of_ranks_in_order_and_random_policy_games(processes, tmp_path):
     """--processes 2 runs the script under torchrun: each rank logs its own envs and rank 0 puts their games in the
     order the script reports them (checked against its returns, or no record), each at the global step it ended, a
     multiple of the envs stepped together; the last-20 mean is the script's final return; no rank file is left.
@@ -333,7 +333,7 @@ def test_episodes_carry_the_wall_clock_seconds_of_the_run(fake_script, tmp_path)
     [(["--wrong"], "episode_returns"), (["--stop-at", "200"], "stopped at env step 200 of 300")],
     ids=["wrong-returns", "stopped-early"],
 )
-def test_no_record_when_the_episodes_are_not_the_scripts_or_the_run_stopped(fake_script, tmp_path, extra, words):
+def test_no_record_of_episodes_not_the_scripts_or_of_a_stopped_run(fake_script, tmp_path, extra, words):
     flags = ["--total-timesteps", 300, "--ends-file", tmp_path / "ends.json", *extra]
     completed = run_tool("run", "--script", fake_script, "--seeds", 1, "--out", tmp_path / "out", "--", *flags)
     assert completed.returncode == 1, describe(completed)
@@ -544,7 +544,7 @@ def markdown_rows(text, heading):
     return [dict(zip(header, row, strict=True)) for row in rows]
 
 
-def test_plot_command_writes_the_png_and_the_table_of_ours_beside_the_published(made_records):
+def test_plot_writes_the_png_and_a_table_of_ours_beside_the_published(made_records):
     out = made_records / "docs" / "curves.png"
     completed = run_tool("plot", made_records / "twins", made_records / "plain", "--out", out)
     assert completed.returncode == 0, describe(completed)
@@ -591,7 +591,7 @@ def reached_at(record, value, count):
     return None
 
 
-def test_plot_reach_gives_the_minutes_and_steps_each_seed_takes_to_a_return(made_records):
+def test_plot_reach_gives_each_seeds_minutes_and_steps_to_a_return(made_records):
     """--reach R: a section per panel, a row per run and seed with the minutes and the env step at which the mean of
     the last --window episodes first reaches R, then their mean over seeds; a record without seconds gives the step
     only; a seed that does not reach R says where its run ends."""
@@ -663,7 +663,7 @@ def test_reach_is_the_first_full_window_at_or_above_the_return():
     ]
 
 
-def test_plot_compares_runs_in_worlds_of_one_and_two_with_the_random_policy(tmp_path):
+def test_plot_compares_worlds_of_one_and_two_with_the_random_policy(tmp_path):
     """Folders of earlier runs drawn together, nothing run (no progress bar): a curve per world size in one panel, the
     random policy's mean score over all their games as a dashed line and in the table, the commands with
     --processes."""

@@ -84,42 +84,6 @@ if __name__ == "__main__":
 """
 
 
-# The Atari twins' way: the envs in two pools (halves), each received from and sent its actions in turn.
-FAKE_HALVES_SCRIPT = """
-from dataclasses import dataclass
-from types import SimpleNamespace
-
-
-@dataclass
-class Args:
-    num_envs: int = 2
-    num_steps: int = 4
-
-
-def make_envs():
-    return SimpleNamespace(send=lambda action: None, recv=lambda: None, close=lambda: None)
-
-
-def build_ppo():
-    return SimpleNamespace(**{name: lambda *args: None for name in ("policy", "gae", "update")})
-
-
-if __name__ == "__main__":
-    pools, ppo = [make_envs(), make_envs()], build_ppo()
-    for iteration in range(6):
-        for step in range(4):
-            for pool in pools:
-                pool.recv() if step else None
-                ppo.policy(step)
-                pool.send(step)
-        pools[0].recv(), pools[1].recv()
-        ppo.gae(iteration)
-        ppo.update(0)
-        ppo.update(1)
-    pools[0].close(), pools[1].close()
-"""
-
-
 def times_per_iteration(output):
     times = {}
     for line in output.splitlines():
@@ -221,13 +185,11 @@ ON_POLICY_PHASE_CALLS = [
     ("ppo.gae", "agent.gae"),
     ("ppo.update", "agent.update"),
 ]
-HALVES_PHASE_CALLS = [("pool.send", "envs.step"), ("recv", "envs.step")]  # either alone: not a way to step
 # The fake scripts, by the name that says their family, with their phases, their table's reader and the training
 # steps (iterations) they time: SAC's 200 less the first 100 and the last, 6 iterations less the first 3.
 FAKES = {
     "sac_fake": (FAKE_SCRIPT, PHASES, times_per_step, 99),
     "ppo_atari_envpool_fake": (FAKE_ON_POLICY_SCRIPT, ON_POLICY_PHASES, times_per_iteration, 3),
-    "ppo_atari_envpool_halves_fake": (FAKE_HALVES_SCRIPT, ON_POLICY_PHASES, times_per_iteration, 3),
 }
 
 
@@ -258,8 +220,7 @@ def test_a_loop_that_calls_every_phase_gets_a_table(name, write_fake_script, cap
 @pytest.mark.parametrize(
     "name, call, missing",
     [("sac_fake", *case) for case in OFF_POLICY_PHASE_CALLS]
-    + [("ppo_atari_envpool_fake", *case) for case in ON_POLICY_PHASE_CALLS]
-    + [("ppo_atari_envpool_halves_fake", *case) for case in HALVES_PHASE_CALLS],
+    + [("ppo_atari_envpool_fake", *case) for case in ON_POLICY_PHASE_CALLS],
 )
 def test_a_loop_without_a_phase_is_an_error_not_a_wrong_table(name, call, missing, write_fake_script, capsys):
     text = "\n".join(line for line in FAKES[name][0].splitlines() if f"{call}(" not in line)

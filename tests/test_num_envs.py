@@ -27,17 +27,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import (
+from checks import (
     assert_same_state,
     check_bad_input_in_process,
     check_resume_continues_the_run,
     check_signal_stops_the_run,
-    load_checkpoint,
-    load_script,
-    one_torch_thread,
-    read_results,
-    run_in_process,
 )
+from helpers import load_checkpoint, load_script, one_torch_thread, read_results, run_in_process
 
 REFERENCE = Path(__file__).parent / "num_envs_1_reference.json"
 PLAINS = ("sac_continuous_action", "td3_continuous_action")

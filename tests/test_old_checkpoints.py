@@ -12,14 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import (
-    assert_same_state,
-    check_bad_input_in_process,
-    load_checkpoint,
-    load_script,
-    read_results,
-    run_in_process,
-)
+from checks import assert_same_state, check_bad_input_in_process
+from helpers import load_checkpoint, load_script, read_results, run_in_process
 
 OLD = Path(__file__).parent / "old_checkpoints"
 PAIRS = sorted(path.name[: -len(".json")] for path in OLD.glob("*.json"))

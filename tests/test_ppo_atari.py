@@ -12,28 +12,29 @@ import envpool
 import numpy as np
 import pytest
 import torch
-from conftest import (
+from checks import (
     ATOL,
-    DEVICES,
     RTOL,
     SameUpdates,
     assert_changed,
     assert_leaves_close,
     assert_params_close_after_steps,
     assert_same_state,
-    check_an_odd_number_of_envs_steps_as_one_pool,
     check_args_of_the_pair_match,
     check_bad_checkpoints_are_refused,
     check_bad_input,
     check_bad_input_in_process,
     check_checkpoints_load_across_the_pair,
-    check_env_halves_play_the_games_of_one_pool,
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
     check_resume_continues_the_run,
     check_signal_stops_the_run,
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
+    sync_,
+)
+from helpers import (
+    DEVICES,
     load_checkpoint,
     load_script,
     one_torch_thread,
@@ -41,7 +42,6 @@ from conftest import (
     requires_cuda,
     run_in_process,
     run_sh_tiny_run,
-    sync_,
 )
 from tensordict import TensorDict
 
@@ -232,7 +232,7 @@ def test_gae_matches_reference(device, name, compile_):
 
 # --- 3. Compiled and eager updates of the twin agree, captured and not; the twin computes what the plain script does -
 #
-# Each update starts from bit-identical parameters: SameUpdates (conftest) checks the gradients (clipped, as Adam
+# Each update starts from bit-identical parameters: SameUpdates (checks.py) checks the gradients (clipped, as Adam
 # used them) tightly and the steps of Adam within its step size where a gradient is at its rounding noise, then copies
 # the reference side's parameters into the other side, in place.
 
@@ -383,7 +383,7 @@ def test_twin_eager_update_matches_plain(device):
     torch.testing.assert_close(twin.value(obs), plain.value(obs.float()), rtol=RTOL, atol=ATOL)
     for path, parameter in twin.agent.named_parameters():
         module_path, _, attribute = path.rpartition(".")
-        acting = getattr(twin.agent_inference.get_submodule(module_path), attribute)
+        acting = getattr(twin.acting_agent.get_submodule(module_path), attribute)
         assert not acting.requires_grad, f"the acting copy of {path} requires grad"
         assert acting.data_ptr() == parameter.data_ptr(), f"the acting copy of {path} has its own storage"
 
@@ -392,11 +392,11 @@ def test_twin_eager_update_matches_plain(device):
 
 
 def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
-    # The flags every script has are checked in conftest; here CleanRL's ppo_atari_envpool hyper-parameters.
+    # The flags every script has are checked in checks.py; here CleanRL's ppo_atari_envpool hyper-parameters.
     expected = dict(env_id="Breakout-v5", total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128,
                     anneal_lr=True, gamma=0.99, gae_lambda=0.95, num_minibatches=4, update_epochs=4, norm_adv=True,
                     clip_coef=0.1, clip_vloss=True, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, target_kl=None)  # fmt: skip
-    check_args_of_the_pair_match(PLAIN, TWIN, expected, speed_fields={"env_halves": "auto"})
+    check_args_of_the_pair_match(PLAIN, TWIN, expected)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -449,7 +449,7 @@ RUN = ("--env-id", "Asterix-v5", "--num-envs", "2", "--num-steps", "128", "--tot
 
 
 class RecordingEnvs:
-    """An envpool env that keeps a copy of what each step returned (the twin steps with send and recv)."""
+    """An envpool env that keeps a copy of what each step returned."""
 
     def __init__(self, envs):
         self._envs = envs
@@ -459,11 +459,7 @@ class RecordingEnvs:
         return getattr(self._envs, name)
 
     def step(self, action):
-        self._envs.send(action)
-        return self.recv()
-
-    def recv(self):
-        obs, reward, terminated, truncated, info = self._envs.recv()
+        obs, reward, terminated, truncated, info = self._envs.step(action)
         self.steps.append(
             dict(
                 clipped_reward=reward.copy(),
@@ -629,7 +625,7 @@ def test_resume_continues_the_run_and_its_learning_rate_schedule(name, tmp_path,
     assert learning_rate_of(resumed) == learning_rate_of(full)
 
 
-def test_checkpoint_every_saves_after_the_iteration_that_reaches_each_multiple(tmp_path, saved_checkpoints):
+def test_checkpoint_every_saves_after_each_iteration_reaching_a_multiple(tmp_path, saved_checkpoints):
     """--checkpoint-every 40 with 32 steps an iteration: saved after the iterations that reach 40 and 80 (steps 64
     and 96), then at the end (128); the last one is the checkpoint file."""
     model = tmp_path / "agent.pt"
@@ -656,7 +652,7 @@ def test_twin_reads_and_writes_the_plain_layout():
     assert_same_state(twin.state_dict(), plain.state_dict())
     for path, parameter in twin.agent.named_parameters():
         module_path, _, attribute = path.rpartition(".")
-        acting = getattr(twin.agent_inference.get_submodule(module_path), attribute)
+        acting = getattr(twin.acting_agent.get_submodule(module_path), attribute)
         assert acting.data_ptr() == parameter.data_ptr(), f"the acting copy of {path} has its own storage"
     obs = random_minibatch(seed=8, size=8)["obs"]
     torch.testing.assert_close(twin.value(obs), plain.value(obs.float()), rtol=RTOL, atol=ATOL)
@@ -754,20 +750,35 @@ def test_signal_stops_the_run_with_a_checkpoint(name, signum, tmp_path):
     check_signal_stops_the_run(name, TINY_FLAGS, signum, tmp_path)
 
 
-# --- 9. The envs in two halves ----------------------------------------------------------------------------------
-
-HALVES_FLAGS = ("--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1")
-
-
-def test_env_halves_play_the_games_of_one_pool(tmp_path):
-    check_env_halves_play_the_games_of_one_pool(TWIN, HALVES_FLAGS, tmp_path)
-
-
-def test_twin_with_env_halves_plays_the_plain_scripts_games(recorded_run):
-    """The policy acts for one half, then the other: the same draws in the same order as for all envs at once."""
-    plain_returns = recorded_run(PLAIN, 1)[0]["episode_returns"]
-    assert run_in_process(TWIN, *RUN, "--seed", 1, "--env-halves", "on")["episode_returns"] == plain_returns
-
-
-def test_an_odd_number_of_envs_steps_as_one_pool():
-    check_an_odd_number_of_envs_steps_as_one_pool(TWIN, ("--num-steps", "8", "--num-minibatches", "1"))
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", [TWIN, "pqn_atari_envpool_torchcompile", "ppo_atari_envpool_distributed_torchcompile"])
+def test_atari_frames_reach_the_device_unchanged(name, device):
+    """make_frames_to_device, as each Atari twin has it, gives the env's uint8 frames on the device. On the CPU: the
+    env's own array (no copy). On a GPU: a copy through one pinned buffer that returns before it is done
+    (non_blocking), which two writes could reach while it is in flight: the env's next step, which writes the array
+    the frames came in, and the next call, which writes the buffer. Here the device's stream is held up by a spin
+    kernel, so that the first copy is still queued when the env's array is overwritten and the next calls are made."""
+    batches = [np.random.default_rng(seed).integers(0, 256, (8, 4, 84, 84), dtype=np.uint8) for seed in range(4)]
+    frames_to_device = load_script(name).make_frames_to_device(batches[0].shape, torch.device(device))
+    if device == "cpu":
+        on_device = frames_to_device(batches[0])
+        assert on_device.dtype == torch.uint8 and on_device.device.type == "cpu"
+        assert on_device.data_ptr() == batches[0].ctypes.data
+        return
+    stream = torch.cuda.current_stream()
+    env_frames = batches[0].copy()  # the env's array: each step writes its frames there
+    torch.cuda._sleep(10**9)  # about half a second of spinning: the first copy waits behind it
+    on_device = [frames_to_device(env_frames)]
+    in_flight = not stream.query()
+    env_frames[:] = 0
+    for frames in batches[1:]:
+        env_frames[:] = frames
+        on_device.append(frames_to_device(env_frames))
+    env_frames[:] = 0
+    torch.cuda.synchronize()
+    assert in_flight, (
+        "frames_to_device waited for the device: its copy is not asynchronous, and the test proves nothing"
+    )
+    for copied, frames in zip(on_device, batches, strict=True):
+        assert copied.dtype == torch.uint8 and copied.device.type == "cuda"
+        assert torch.equal(copied.cpu(), torch.from_numpy(frames))

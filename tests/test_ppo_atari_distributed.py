@@ -22,23 +22,25 @@ import pytest
 import run_utils
 import torch
 import torch.distributed as dist
-from conftest import (
-    DEVICES,
-    REPO_ROOT,
+from checks import (
     SameUpdates,
-    args_fields,
     assert_leaves_close,
     assert_same_state,
-    check_an_odd_number_of_envs_steps_as_one_pool,
     check_args_of_the_pair_match,
     check_bad_checkpoints_are_refused,
     check_bad_input_in_process,
-    check_env_halves_play_the_games_of_one_pool,
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
     check_resume_continues_the_run,
     check_signal_stops_the_run,
     check_twin_runs_with_every_flag_combination,
+    sync_,
+)
+from distributed_worker import GLOBAL_MINIBATCH
+from helpers import (
+    DEVICES,
+    REPO_ROOT,
+    args_fields,
     default_dtype,
     describe,
     field_default,
@@ -50,9 +52,7 @@ from conftest import (
     run_in_process,
     run_sh_tiny_run,
     script_path,
-    sync_,
 )
-from distributed_worker import GLOBAL_MINIBATCH
 from test_ppo_atari import NUM_ACTIONS, build, call_update, detached, random_minibatch
 
 PLAIN = "ppo_atari_envpool_distributed"
@@ -128,7 +128,7 @@ def gradient_ranks(tmp_path_factory):
 
 @pytest.mark.parametrize("norm_adv", [True, False], ids=["norm-adv", "no-norm-adv"])
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_synced_gradient_of_two_ranks_is_the_gradient_of_the_whole_minibatch(name, norm_adv, gradient_ranks):
+def test_two_ranks_synced_gradient_is_that_of_the_whole_minibatch(name, norm_adv, gradient_ranks):
     """A global minibatch of 16 steps, a quarter of them masked out (unevenly between the halves), split in two:
     after the all-reduce, each rank's gradient is the gradient that the single-process script computes on all 16
     steps, and the losses summed over ranks are its losses. Local means (a rank's own count, its own advantage
@@ -203,7 +203,7 @@ def test_tiny_target_kl_stops_both_ranks_after_the_same_minibatch(name, run_rank
     assert_same_state(rank1["params"], rank0["params"], "parameters of rank 1 and rank 0")
 
 
-def test_rank_zero_alone_writes_results_and_checkpoint_that_the_single_process_script_reads(run_ranks, tmp_path):
+def test_rank_zero_alone_writes_results_and_a_single_process_checkpoint(run_ranks, tmp_path):
     """One results line (rank 0's) with world_size 2 and the global step count; one checkpoint, in the layout of the
     single-process pair: the single-process plain script evaluates it (a finished run: it trains nothing) with the
     eval return the world of two reported, and saves back every entry it read unchanged."""
@@ -284,7 +284,7 @@ def update(ppo, name, batch):
 )
 def test_twin_updates_match(name, overrides, world_of_one, inductor_fallback_random):
     """Three updates from the same parameters on the same minibatches: the eager twin's gradients, steps and losses
-    are the plain script's, and the compiled twin's are the eager twin's (SameUpdates, conftest)."""
+    are the plain script's, and the compiled twin's are the eager twin's (SameUpdates, checks.py)."""
     device = world_of_one
     reference, other = build(load_script(name), device), build(load_script(TWIN), device, **overrides)
     sync_(other.agent, reference.agent)
@@ -307,7 +307,7 @@ def test_args_of_the_pair_match_and_are_those_of_the_single_process_pair():
     flags, with the same defaults (--num-envs is the number of envs over all ranks)."""
     expected = dict(env_id="Breakout-v5", total_timesteps=10_000_000, num_envs=8, num_steps=128, num_minibatches=4,
                     update_epochs=4, target_kl=None)  # fmt: skip
-    check_args_of_the_pair_match(PLAIN, TWIN, expected, speed_fields={"env_halves": "auto"})
+    check_args_of_the_pair_match(PLAIN, TWIN, expected)
     for name in SCRIPTS:
         fields, single_fields = args_fields(load_script(name)), args_fields(load_script(SINGLE_PROCESS[name]))
         assert list(fields) == list(single_fields)
@@ -420,22 +420,3 @@ def test_plain_results_line_is_appended(tmp_path):
 
 def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
     check_twin_runs_with_every_flag_combination(TWIN, "ppo_atari_distributed", tmp_path, tiny=TINY)
-
-
-# --- 7. The envs of a process in two halves ---------------------------------------------------------------------
-
-HALVES_FLAGS = ("--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1")
-
-
-def test_env_halves_play_the_games_of_one_pool(tmp_path):
-    check_env_halves_play_the_games_of_one_pool(TWIN, HALVES_FLAGS, tmp_path)
-
-
-def test_twin_with_env_halves_plays_the_single_process_games():
-    """A world of one with its envs in two halves plays the single-process plain script's games."""
-    single = run_in_process(SINGLE_PROCESS[PLAIN], *WORLD_OF_ONE_RUN)
-    assert run_in_process(TWIN, *WORLD_OF_ONE_RUN, "--env-halves", "on")["episode_returns"] == single["episode_returns"]
-
-
-def test_an_odd_number_of_envs_steps_as_one_pool():
-    check_an_odd_number_of_envs_steps_as_one_pool(TWIN, ("--num-steps", "8", "--num-minibatches", "1"))

@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 import run_utils
 import torch
-from conftest import (
+from checks import (
     ATOL,
-    DEVICES,
     RTOL,
     SameUpdates,
     assert_changed,
@@ -35,13 +34,9 @@ from conftest import (
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
     check_video_of_the_evaluation,
-    load_script,
-    requires_cuda,
-    run_in_process,
-    run_in_process_until,
-    run_sh_tiny_run,
     sync_,
 )
+from helpers import DEVICES, load_script, requires_cuda, run_in_process, run_in_process_until, run_sh_tiny_run
 from tensordict import TensorDict
 
 PLAIN = "ppo_continuous_action"
@@ -228,7 +223,7 @@ def test_truncation_bootstraps_and_termination_does_not():
 
 # --- 3. Updates: compiled vs eager twin, captured vs not, twin vs plain ----------------------------------------------
 #
-# Each update starts from bit-identical parameters: SameUpdates (conftest) checks the gradients (clipped, as Adam
+# Each update starts from bit-identical parameters: SameUpdates (checks.py) checks the gradients (clipped, as Adam
 # used them) tightly and the steps of Adam within its step size where a gradient is at its rounding noise, then copies
 # the reference side's parameters into the other side, in place.
 
@@ -352,7 +347,7 @@ def test_twin_acts_with_the_latest_parameters_and_no_autograd():
     torch.testing.assert_close(after, expected, rtol=0, atol=0)
     # The acting copy holds views of the agent's parameters (same storage), outside autograd.
     for name, parameter in ppo.agent.named_parameters():
-        acting = functools.reduce(getattr, name.split("."), ppo.agent_inference)
+        acting = functools.reduce(getattr, name.split("."), ppo.acting_agent)
         assert acting.data_ptr() == parameter.data_ptr() and not acting.requires_grad, name
     assert all(t.grad_fn is None for t in ppo.policy(obs))
 
@@ -380,7 +375,7 @@ def test_twin_eager_updates_match_plain(device):
 
 
 def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
-    # The flags every script has are checked in conftest; here continuous PPO's own, with CleanRL's defaults.
+    # The flags every script has are checked in checks.py; here continuous PPO's own, with CleanRL's defaults.
     expected = {
         "env_id": "HalfCheetah-v5",
         "total_timesteps": 1_000_000,
@@ -506,7 +501,7 @@ def normalization_counts(checkpoint):
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_resume_continues_the_learning_rate_schedule_and_the_normalisation(name, tmp_path, saved_checkpoints):
+def test_resume_continues_the_lr_schedule_and_the_normalisation(name, tmp_path, saved_checkpoints):
     """A run of 4 iterations checkpointed after each, and a run resumed after the 2nd: the resumed iterations anneal
     the learning rate as the uninterrupted run's did, and its normalisation statistics go on from the checkpoint's."""
     flags = (*CHECKPOINT_FLAGS, "--total-timesteps", 256, "--checkpoint-every", 64, "--save-model",

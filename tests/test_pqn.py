@@ -13,10 +13,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import (
-    DEVICES,
+from checks import (
     SameUpdates,
-    TinyRun,
     assert_changed,
     assert_leaves_close,
     check_args_of_the_pair_match,
@@ -31,13 +29,17 @@ from conftest import (
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
     leaves,
+    sync_,
+)
+from helpers import (
+    DEVICES,
+    TinyRun,
     load_script,
     one_torch_thread,
     requires_cuda,
     run_in_process,
     run_in_process_until,
     run_sh_tiny_run,
-    sync_,
 )
 from tensordict import TensorDict
 
@@ -361,7 +363,7 @@ class ImageObsEnv(gym.Env):
 
 
 @pytest.fixture
-def test_envs():
+def registered_counting_and_image_envs():
     """CountingEnv and ImageObsEnv registered in gymnasium, for runs in this process."""
     gym.register("PqnTestCounting-v0", entry_point=CountingEnv, max_episode_steps=5)
     gym.register("PqnTestImageObs-v0", entry_point=ImageObsEnv)
@@ -370,7 +372,7 @@ def test_envs():
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_rollout_ends_returns_at_truncations_like_terminations_and_spans_no_reset(name, test_envs):
+def test_returns_end_at_truncations_as_terminations_and_span_no_reset(name, registered_counting_and_image_envs):
     """One rollout of 40 steps of one env, learning rate 1e-30 (its domain is > 0; too small to move a float32 weight,
     so the Q network the rollout acted with is the one left): rewards 1 and nothing added where the time limit cut an
     episode; dones where an episode ended, by its time limit or by termination; each next observation in the same
@@ -464,7 +466,7 @@ BAD_INPUTS = {
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path, capsys, test_envs):
+def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path, capsys, registered_counting_and_image_envs):
     flags, expected_words = BAD_INPUTS[case]
     check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys)
 

@@ -20,26 +20,26 @@ import envpool
 import numpy as np
 import pytest
 import torch
-from conftest import (
+from checks import (
     ATOL,
-    DEVICES,
-    REPO_ROOT,
     RTOL,
     SameUpdates,
     assert_changed,
     assert_leaves_close,
     assert_params_close_after_steps,
-    check_an_odd_number_of_envs_steps_as_one_pool,
     check_args_of_the_pair_match,
     check_bad_input,
     check_bad_input_in_process,
     check_checkpoints_load_across_the_pair,
-    check_env_halves_play_the_games_of_one_pool,
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
     check_resume_continues_the_run,
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
+)
+from helpers import (
+    DEVICES,
+    REPO_ROOT,
     default_dtype,
     load_checkpoint,
     load_script,
@@ -351,11 +351,11 @@ def test_twin_captured_matches_uncaptured(inductor_fallback_random):
 
 
 def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
-    # The flags every script has are checked in conftest; here CleanRL's pqn_atari_envpool hyper-parameters.
+    # The flags every script has are checked in checks.py; here CleanRL's pqn_atari_envpool hyper-parameters.
     expected = dict(env_id="Breakout-v5", total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128,
                     anneal_lr=True, gamma=0.99, num_minibatches=4, update_epochs=4, max_grad_norm=10.0, start_e=1.0,
                     end_e=0.01, exploration_fraction=0.10, q_lambda=0.65)  # fmt: skip
-    check_args_of_the_pair_match(PLAIN, TWIN, expected, speed_fields={"env_halves": "auto"})
+    check_args_of_the_pair_match(PLAIN, TWIN, expected)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -408,9 +408,8 @@ RUN_SEED = 2
 
 class RecordingEnvs:
     """An envpool env that keeps a copy of what each step returned, and the epsilon the training loop acted with: the
-    loop runs at module level, so its variables are the globals of the frame that calls step, or send (the twin
-    steps with send and recv; epsilon_key: the twin's policy reads epsilon_tensor, the plain script's the float
-    epsilon)."""
+    loop runs at module level, so its variables are the globals of the frame that calls step (epsilon_key: the
+    twin's policy reads epsilon_tensor, the plain script's the float epsilon)."""
 
     def __init__(self, envs, epsilon_key):
         self._envs = envs
@@ -421,21 +420,12 @@ class RecordingEnvs:
         return getattr(self._envs, name)
 
     def step(self, action):
-        self.send(action, sys._getframe(1))
-        return self.recv()
-
-    def send(self, action, caller=None):
-        epsilon = (caller or sys._getframe(1)).f_globals.get(self.epsilon_key)  # None outside the training loop
-        self.epsilon = None if epsilon is None else float(epsilon)  # the twin fills its tensor again before recv
-        self._envs.send(action)
-
-    def recv(self):
-        epsilon = self.epsilon
-        obs, reward, terminated, truncated, info = self._envs.recv()
+        epsilon = sys._getframe(1).f_globals.get(self.epsilon_key)  # None outside the training loop
+        obs, reward, terminated, truncated, info = self._envs.step(action)
         self.steps.append(dict(clipped_reward=reward.copy(), game_reward=info["reward"].copy(),
                                life_lost=terminated.copy(), truncated=truncated.copy(),
                                game_over=info["terminated"].astype(bool),
-                               epsilon=epsilon))  # fmt: skip
+                               epsilon=None if epsilon is None else float(epsilon)))  # fmt: skip
         return obs, reward, terminated, truncated, info
 
 
@@ -482,7 +472,7 @@ def episode_sums(steps, reward_key, end_keys):
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_reported_returns_are_the_games_real_returns_and_reset_steps_are_masked(name, recorded_run):
+def test_reported_returns_are_real_game_returns_and_reset_steps_masked(name, recorded_run):
     """episode_returns holds whole games (all lives) scored with the game's own rewards, not the clipped ones; the
     last rollout masks out envpool's reset steps (the step after an episode's end), and only those."""
     run_globals, steps = recorded_run(name, RUN_SEED)
@@ -527,7 +517,7 @@ TIME_LIMIT = 100
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_rollout_ends_returns_at_truncations_like_terminations_and_spans_no_reset(name, recorded_run):
+def test_returns_end_at_truncations_as_terminations_and_span_no_reset(name, recorded_run):
     """A truncation (the time limit) ends the return as a termination (a lost life) does, as in CleanRL and the PQN
     paper: the last rollout's Q(lambda) targets are those of their definition, computed from what the envs returned
     (clipped rewards; an episode ends where a life is lost or the time limit cuts the game) and the script's max-Q
@@ -672,7 +662,7 @@ def test_bad_checkpoints_are_refused(tmp_path, capsys):
                          ids=["plain-SIGINT", "twin-SIGTERM"])  # fmt: skip
 def test_signal_stops_the_run_with_a_checkpoint(name, signum, tmp_path):
     """SIGINT or SIGTERM: the run stops at the end of an iteration, writes its checkpoint and a results line with
-    "interrupted": true, says so, exits 128 + the signal, no traceback. (conftest's check_signal_stops_the_run then
+    "interrupted": true, says so, exits 128 + the signal, no traceback. (checks.py's check_signal_stops_the_run then
     resumes with a longer budget, which this pair refuses; resuming is tested above.)"""
     model, results, stderr_path = tmp_path / "agent.pt", tmp_path / "results.jsonl", tmp_path / "stderr.txt"
     total = 10**6
@@ -699,24 +689,3 @@ def test_signal_stops_the_run_with_a_checkpoint(name, signum, tmp_path):
     assert 0 < result["steps_done"] < total and result["steps_done"] % BATCH_STEPS == 0, result
     checkpoint = load_checkpoint(model)
     assert (checkpoint["global_step"], checkpoint["total_timesteps"]) == (result["steps_done"], total)
-
-
-# --- 8. The envs in two halves ----------------------------------------------------------------------------------
-
-HALVES_FLAGS = ("--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1")
-
-
-def test_env_halves_play_the_games_of_one_pool(tmp_path):
-    check_env_halves_play_the_games_of_one_pool(TWIN, HALVES_FLAGS, tmp_path)
-
-
-def test_twin_with_env_halves_plays_the_plain_scripts_games(recorded_run):
-    """The policy acts for one half, then the other: epsilon-greedy's draws, row after row, are those of all envs."""
-    plain_returns = recorded_run(PLAIN, RUN_SEED)[0]["episode_returns"]
-    with one_torch_thread():
-        twin = run_in_process(TWIN, *RUN, "--seed", RUN_SEED, "--env-halves", "on")
-    assert twin["episode_returns"] == plain_returns
-
-
-def test_an_odd_number_of_envs_steps_as_one_pool():
-    check_an_odd_number_of_envs_steps_as_one_pool(TWIN, ("--num-steps", "8", "--num-minibatches", "1"))

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT
 from test_speedup_table import assert_png
 
 TOOL = REPO_ROOT / "benchmarks" / "rpc_agent_observer.py"
@@ -80,7 +80,7 @@ def test_summary_takes_throughput_forward_by_forward():
     assert figures["env_steps_per_s"] == 5.0
 
 
-def test_rpc_worlds_and_the_in_process_batch_report_their_batches_and_percentiles(tmp_path):
+def test_rpc_worlds_and_in_process_batch_report_batches_and_percentiles(tmp_path):
     process, marker = start_tool(tmp_path, "--world-size", "3,4", "--batch", "on,off", *SMALL)
     try:
         stdout, stderr = process.communicate(timeout=600)

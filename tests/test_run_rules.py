@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
+from checks import check_bad_input_in_process
+from helpers import (
     REPO_ROOT,
     SCRIPTS_DIR,
-    check_bad_input_in_process,
     describe,
     load_checkpoint,
     load_script,
@@ -62,7 +62,7 @@ def outside(domain, kind):
 
 
 @pytest.mark.parametrize("name", ALL_SCRIPTS)
-def test_every_numeric_flag_has_a_domain_and_a_value_outside_it_is_refused(name, tmp_path, capsys):
+def test_every_numeric_flag_has_a_domain_and_values_outside_are_refused(name, tmp_path, capsys):
     """A numeric Args field with no domain fails here; each value outside a domain gets exit status 2 and one line
     naming the flag, the value and the domain, before anything is made or written (a run that trained instead would
     stop after one rollout at most: --total-timesteps 1)."""
@@ -96,7 +96,7 @@ def old_checkpoint(plain, tmp_path, **entries):
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_a_resume_with_another_budget_is_refused_where_a_schedule_depends_on_it(name, tmp_path, capsys):
+def test_resume_with_another_budget_is_refused_where_a_schedule_uses_it(name, tmp_path, capsys):
     plain = name.removesuffix("_torchcompile")
     path, meta = old_checkpoint(plain, tmp_path, total_timesteps=1000)
     flags = (*meta["flags"], "--resume", path, "--save-model", "--eval-episodes", "0")
@@ -116,7 +116,7 @@ def test_a_checkpoint_records_its_budget_and_sac_extends_a_run(tmp_path, capsys)
     assert (extended["global_step"], extended["total_timesteps"]) == (more, more)
 
 
-def test_an_old_checkpoint_without_a_budget_resumes_with_one_line_saying_so(tmp_path, capsys):
+def test_old_checkpoint_without_a_budget_resumes_with_one_line_saying_so(tmp_path, capsys):
     path, meta = old_checkpoint("dqn", tmp_path)  # written before checkpoints held their budget
     more = meta["global_step"] + 100
     run_in_process("dqn", *meta["flags"], "--resume", path, "--save-model", "--total-timesteps", more,
@@ -151,6 +151,8 @@ TWINS_ON_CUDA = {
     "ppo_continuous_action_torchcompile": ("--env-id", "InvertedPendulum-v5", "--num-envs", "2", "--num-steps", "16",
                                            "--num-minibatches", "2", "--total-timesteps", "320"),
     "ppo_atari_envpool_torchcompile": ("--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2",
+                                       "--total-timesteps", "320"),
+    "pqn_atari_envpool_torchcompile": ("--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2",
                                        "--total-timesteps", "320"),
 }  # fmt: skip
 
@@ -192,15 +194,14 @@ def signal_self(signum):
 
 
 def at_the_last_step(run_utils, monkeypatch, signum):
-    real_steps = run_utils.Run.steps
+    real_clock = run_utils.Run.clock
 
-    def steps(run, start, total, per_iteration=1):
-        for step in real_steps(run, start, total, per_iteration):
-            if step + per_iteration >= total:
-                signal_self(signum)
-            yield step
+    def clock(run, iteration, **kwargs):  # at the top of the last iteration (DQN's, of one step)
+        real_clock(run, iteration, **kwargs)
+        if kwargs["global_step"] + 1 >= run.total_steps:
+            signal_self(signum)
 
-    monkeypatch.setattr(run_utils.Run, "steps", steps)
+    monkeypatch.setattr(run_utils.Run, "clock", clock)
 
 
 def in_the_final_save(run_utils, monkeypatch, signum):

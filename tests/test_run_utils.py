@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import run_utils
 import torch
-from conftest import DEVICES, SCRIPTS_DIR, _command_line, assert_same_state, check_bad_input_in_process
+from checks import assert_same_state, check_bad_input_in_process
+from helpers import SCRIPTS_DIR, command_line
 from tensordict import from_modules
 
 SCRIPTS = sorted(path.stem for path in SCRIPTS_DIR.glob("*.py") if path.stem != "run_utils")
@@ -50,7 +51,7 @@ def test_unwritable_results_file_stops_the_run_before_it_starts(name, tmp_path, 
     """--results-path that is a directory: one line, exit 2, nothing written."""
     path = SCRIPTS_DIR / f"{name}.py"
     argv = [str(path), *tiny_flags(name), "--no-cuda", "--results-path", str(tmp_path)]
-    with _command_line(argv), pytest.raises(SystemExit) as exit_:
+    with command_line(argv), pytest.raises(SystemExit) as exit_:
         runpy.run_path(str(path), run_name="__main__")
     stdout, stderr = capsys.readouterr()
     lines = [line for line in stderr.splitlines() if line.strip()]
@@ -147,8 +148,8 @@ def test_evaluate_leaves_the_run_generators_as_they_were():
 def test_checkpoint_schedule(every, steps_per_iteration, due):
     """After the iteration in which the step count reaches a multiple of --checkpoint-every, the last excepted."""
     run = run_utils.Run.__new__(run_utils.Run)  # the schedule alone, without a run's checks and side effects
-    run.args, run.total = argparse.Namespace(checkpoint_every=every), 640 if steps_per_iteration > 1 else 10
-    steps = range(steps_per_iteration, run.total + 1, steps_per_iteration)
+    run.args, run.total_steps = argparse.Namespace(checkpoint_every=every), 640 if steps_per_iteration > 1 else 10
+    steps = range(steps_per_iteration, run.total_steps + 1, steps_per_iteration)
     assert [step for step in steps if run.checkpoint_due(step, steps_per_iteration)] == due
 
 
@@ -208,7 +209,7 @@ print(json.dumps({"arrays": len(arrays), "differ": differ, "same_model": model_b
 """
 
 
-def test_halfcheetah_is_made_without_mujocos_settotalmass_warning_and_with_the_same_model(tmp_path):
+def test_halfcheetah_is_made_with_no_settotalmass_warning_and_same_model(tmp_path):
     """gymnasium's HalfCheetah XML sets <compiler settotalmass>, which MuJoCo 4 warns about on every env made:
     make_gym_env makes it silently, and its compiled model is gymnasium's own bit for bit (300 steps agree too)."""
     import json
@@ -226,49 +227,3 @@ def test_halfcheetah_is_made_without_mujocos_settotalmass_warning_and_with_the_s
     result = json.loads(done.stdout)
     assert result["arrays"] > 400 and result["differ"] == [] and result["same_model"] and result["same_steps"]
     assert not result["log_written"]  # nor is the warning appended to MUJOCO_LOG.TXT in the working folder
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_atari_frames_reach_the_device_unchanged(device):
-    """make_frames_to_device, as the Atari twins use it, gives the env's uint8 frames on the device. On the CPU: the
-    env's own array (no copy). On a GPU: a copy through one pinned buffer that returns before it is done
-    (non_blocking), which two writes could reach while it is in flight: the env's next step, which writes the array
-    the frames came in, and the next call, which writes the buffer. Here the device's stream is held up by a spin
-    kernel, so that the first copy is still queued when the env's array is overwritten and the next calls are made."""
-    batches = [np.random.default_rng(seed).integers(0, 256, (8, 4, 84, 84), dtype=np.uint8) for seed in range(4)]
-    frames_to_device = run_utils.make_frames_to_device(batches[0].shape, torch.device(device))
-    if device == "cpu":
-        on_device = frames_to_device(batches[0])
-        assert on_device.dtype == torch.uint8 and on_device.device.type == "cpu"
-        assert on_device.data_ptr() == batches[0].ctypes.data
-        return
-    stream = torch.cuda.current_stream()
-    env_frames = batches[0].copy()  # the env's array: each step writes its frames there
-    torch.cuda._sleep(10**9)  # about half a second of spinning: the first copy waits behind it
-    on_device = [frames_to_device(env_frames)]
-    in_flight = not stream.query()
-    env_frames[:] = 0
-    for frames in batches[1:]:
-        env_frames[:] = frames
-        on_device.append(frames_to_device(env_frames))
-    env_frames[:] = 0
-    torch.cuda.synchronize()
-    assert in_flight, (
-        "frames_to_device waited for the device: its copy is not asynchronous, and the test proves nothing"
-    )
-    for copied, frames in zip(on_device, batches, strict=True):
-        assert copied.dtype == torch.uint8 and copied.device.type == "cuda"
-        assert torch.equal(copied.cpu(), torch.from_numpy(frames))
-
-
-def test_env_halves_split_an_even_number_of_envs_where_asked_or_on_cuda(capsys):
-    """The Atari twins' --env-halves: two pools with "on", or with "auto" on CUDA; one on a CPU, with "off", and for
-    an odd number of envs, said in one line (by whoever is given the words)."""
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # a device object needs no GPU
-    assert [run_utils.env_pool_count(halves, 8, cpu, "x: 8 envs") for halves in ("auto", "on", "off")] == [1, 2, 1]
-    assert [run_utils.env_pool_count(halves, 8, cuda, "x: 8 envs") for halves in ("auto", "on", "off")] == [2, 2, 1]
-    assert capsys.readouterr().out == ""
-    assert run_utils.env_pool_count("auto", 3, cuda, "x: 3 envs") == 1
-    assert capsys.readouterr().out == "x: 3 envs do not split in two halves: they step as one pool\n"
-    assert run_utils.env_pool_count("on", 1, cpu, None) == 1
-    assert capsys.readouterr().out == ""

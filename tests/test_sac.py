@@ -9,9 +9,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import (
+from checks import (
     ATOL,
-    DEVICES,
     RTOL,
     SameUpdates,
     assert_changed,
@@ -20,12 +19,11 @@ from conftest import (
     check_every_flag_has_a_docstring_shown_by_help,
     check_learns_pendulum,
     leaves,
-    load_script,
     named_tensors,
     random_batch,
-    requires_cuda,
     sync_,
 )
+from helpers import DEVICES, load_script, requires_cuda
 from tensordict import TensorDict
 
 PLAIN = "sac_continuous_action"
@@ -81,7 +79,7 @@ def test_learns_pendulum(name, flags, num_envs, resumed, tmp_path):
 
 # --- 2. The twin's updates agree: compiled and eager, captured and not, and with the plain script's --------------
 #
-# Each round starts from bit-identical parameters: SameUpdates (conftest) checks the losses' gradients tightly and the
+# Each round starts from bit-identical parameters: SameUpdates (checks.py) checks the losses' gradients tightly and the
 # steps of Adam within its step size where a gradient is at its rounding noise, then copies the reference side's
 # parameters into the other side, in place. The updates draw noise (rsample): each side is seeded alike before a call.
 
@@ -294,7 +292,7 @@ def test_twin_eager_updates_match_plain(device):
 
 
 def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
-    # The flags every script has are checked in conftest; here SAC's own, with CleanRL's defaults.
+    # The flags every script has are checked in checks.py; here SAC's own, with CleanRL's defaults.
     expected = {
         "env_id": "HalfCheetah-v5",
         "total_timesteps": 1_000_000,

@@ -6,7 +6,7 @@ updates, flags and defaults, learning) is tested in test_sac.py and test_td3.py.
 import signal
 
 import pytest
-from conftest import (
+from checks import (
     TINY_RUN,
     check_bad_checkpoints_are_refused,
     check_bad_input,
@@ -19,9 +19,8 @@ from conftest import (
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
     check_video_of_the_evaluation,
-    requires_cuda,
-    run_in_process,
 )
+from helpers import requires_cuda, run_in_process
 
 PAIRS = {"sac": "sac_continuous_action", "td3": "td3_continuous_action"}  # algo: its plain script
 OTHER = {"sac": "td3", "td3": "sac"}  # whose checkpoint each pair must refuse

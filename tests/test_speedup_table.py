@@ -13,7 +13,7 @@ import sys
 
 import matplotlib.image
 import pytest
-from conftest import REPO_ROOT, SCRIPTS_DIR, describe, run_sh_budget
+from helpers import REPO_ROOT, SCRIPTS_DIR, describe, run_sh_budget
 
 TOOL = REPO_ROOT / "benchmarks" / "speedup_table.py"
 RUN_SH = REPO_ROOT / "run.sh"
@@ -357,7 +357,7 @@ def all_pairs():
 
 # Where each pair's tests of the results line (the plain script, two seeds) and of the twin's flag combinations (the
 # twin with no flag, --compile, --cudagraphs and both) are, and the TinyRun they run. Those checks assert that their
-# TinyRun is run.sh's tiny budget of the pair (conftest.check_tiny_run_is_run_sh): every line of run.sh --tiny is run,
+# TinyRun is run.sh's tiny budget of the pair (checks.check_tiny_run_is_run_sh): every line of run.sh --tiny is run,
 # in the plain script and in each CPU variant of the twin, by its pair's tests.
 TINY_RUN_TESTS = {  # pair: (test module, its TinyRun)
     "dqn": ("test_dqn", "DQN_TINY_RUN"),

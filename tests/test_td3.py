@@ -7,9 +7,8 @@ command line, the `episode_returns` global of a run, the --results-path JSON lin
 import numpy as np
 import pytest
 import torch
-from conftest import (
+from checks import (
     ATOL,
-    DEVICES,
     RTOL,
     SameUpdates,
     assert_changed,
@@ -18,11 +17,10 @@ from conftest import (
     check_every_flag_has_a_docstring_shown_by_help,
     check_learns_pendulum,
     leaves,
-    load_script,
     random_batch,
-    requires_cuda,
     sync_,
 )
+from helpers import DEVICES, load_script, requires_cuda
 from tensordict import TensorDict
 
 PLAIN = "td3_continuous_action"
@@ -107,7 +105,7 @@ def test_policy_adds_scaled_noise_and_stays_in_bounds(name):
 
 # --- 3. The twin's updates agree: compiled and eager, captured and not, and with the plain script's --------------
 #
-# Each round starts from bit-identical parameters: SameUpdates (conftest) checks the gradients tightly and the steps
+# Each round starts from bit-identical parameters: SameUpdates (checks.py) checks the gradients tightly and the steps
 # of Adam within its step size where a gradient is at its rounding noise, then copies the reference side's parameters
 # into the other side, in place. The critic update draws the target policy smoothing noise: both sides are seeded.
 
@@ -314,7 +312,7 @@ def test_twin_eager_updates_match_plain(device):
 
 
 def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
-    # The flags every script has are checked in conftest; here TD3's own, with CleanRL's defaults.
+    # The flags every script has are checked in checks.py; here TD3's own, with CleanRL's defaults.
     expected = {
         "wandb_project_name": "leanrl",
         "env_id": "HalfCheetah-v5",

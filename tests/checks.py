@@ -1,0 +1,619 @@
+"""The checks every script pair's tests run the same way, on any algorithm: updates that match (plain and twin,
+eager and compiled), the flags of the pair, bad input, determinism, the results line, learning, checkpoints, videos
+and signals. Each test file calls them with its pair's scripts; helpers.py runs and loads the scripts."""
+
+import ast
+import os
+import re
+import runpy
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import (
+    REPO_ROOT,
+    RESULT_FIELDS,
+    SCRIPTS_DIR,
+    args_fields,
+    command_line,
+    describe,
+    field_default,
+    help_output,
+    is_number,
+    load_checkpoint,
+    load_script,
+    optimizer_steps,
+    output_lines,
+    read_results,
+    run_in_process,
+    run_in_process_until,
+    run_script,
+    run_script_in_process,
+    run_sh_budget,
+    run_sh_tiny_run,
+    script_path,
+    squash,
+    time_limit,
+)
+from tensordict import TensorDict, TensorDictBase
+
+# --- Generic checks for the tests of a script pair (the update functions, flags and runs of any algorithm) ---
+
+# float32 tolerances for "the same computation, differently fused".
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def leaves(tensordict):
+    """{flattened key: detached clone} of every leaf of a TensorDict (parameters or losses)."""
+    return {
+        ".".join(key) if isinstance(key, tuple) else key: value.detach().clone()
+        for key, value in tensordict.items(include_nested=True, leaves_only=True)
+    }
+
+
+def assert_leaves_close(actual, expected, what, rtol=RTOL, atol=ATOL):
+    """Two {name: tensor} dicts have the same keys and tensors equal within rtol and atol."""
+    assert actual.keys() == expected.keys(), f"{what}: keys differ: {sorted(actual)} vs {sorted(expected)}"
+    for key in expected:
+        torch.testing.assert_close(
+            actual[key], expected[key], rtol=rtol, atol=atol, msg=lambda m, k=key: f"{what} {k}: {m}"
+        )
+
+
+def assert_changed(before, after, what):
+    """At least one tensor of a group moved: the update is not a no-op."""
+    assert any(not torch.equal(before[key], after[key]) for key in before), f"{what} did not change"
+
+
+def random_batch(batch_size, obs_dim, action_dim, seed, device="cpu"):
+    """A replay batch (TensorDict) of random transitions, a quarter of them terminations; actions in [-1, 1]."""
+    generator = torch.Generator().manual_seed(seed)
+    return TensorDict(
+        observations=torch.randn(batch_size, obs_dim, generator=generator),
+        next_observations=torch.randn(batch_size, obs_dim, generator=generator),
+        actions=torch.rand(batch_size, action_dim, generator=generator) * 2 - 1,
+        rewards=torch.randn(batch_size, generator=generator),
+        terminations=(torch.rand(batch_size, generator=generator) < 0.25).float(),
+        batch_size=[batch_size],
+    ).to(device)
+
+
+# --- Two implementations of one update, compared on any CPU, GPU and thread count (issue 13) ---------------------
+#
+# Two correct implementations of an update (plain and twin, eager and compiled, captured and not) sum in different
+# orders, so their gradients differ in the last bits. Adam's step, lr * m / (sqrt(v) + eps), is normalised: where a
+# gradient is a near-cancelling sum, at the level of its own rounding noise, its sign and size are noise, and so is
+# the step of that entry, which can differ by up to about 2 lr between the two sides, although the gradients agree to
+# float32 precision (1 entry of 131072 of SAC's Q networks on an AMD EPYC). So the checks compare, each round, from
+# bit-identical parameters:
+# - the losses and the gradients (left in .grad by the update), with tight float32 tolerances;
+# - the step of every entry whose gradients have stayed well above their rounding noise (they agree to NOISE_LEVEL
+#   relative, so their Adam moments do, and so does the step: to STEP_ATOL * lr, a hundredth of a step);
+# - the other entries (at most MAX_NOISY_FRACTION of a group) within Adam's largest step, 2 lr between two sides;
+# then copy the reference side's parameters into the other side, in place, so that no round starts from a drift.
+# A wrong twin fails: a wrong loss or gradient at once; a wrong optimizer (learning rate, eps, a missing step) in the
+# steps of the bulk of the entries, which must agree to a hundredth of a step.
+
+GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-5  # GRAD_ATOL is relative to the tensor's largest gradient (its scale)
+NOISE_LEVEL = 1e-3  # two gradients of an entry further apart than this, relatively, are at their rounding noise
+STEP_ATOL = 1e-2  # times the learning rate: how far the steps of two matching updates may differ
+PARAM_RTOL = 2e-6  # the rounding of the parameter itself (two ulps of float32) when the step is added
+MAX_NOISY_FRACTION = 1e-2  # the share of a group's entries allowed to be at their noise: the bulk must match
+
+
+def named_tensors(source):
+    """{name: tensor}, the tensors themselves (not copies): a module's parameters, a TensorDict's leaves, a dict."""
+    if isinstance(source, TensorDictBase):  # first: TensorDictParams is a module too
+        return {
+            ".".join(key) if isinstance(key, tuple) else key: value
+            for key, value in source.items(include_nested=True, leaves_only=True)
+        }
+    if isinstance(source, torch.nn.Module):
+        return dict(source.named_parameters())
+    return dict(source)
+
+
+def sync_(actual, expected):
+    """Copy expected's values into actual's tensors, in place (a captured graph reads those very tensors)."""
+    actual, expected = named_tensors(actual), named_tensors(expected)
+    assert actual.keys() == expected.keys(), f"keys differ: {sorted(actual)} vs {sorted(expected)}"
+    with torch.no_grad():
+        for key, tensor in actual.items():
+            tensor.copy_(expected[key])
+
+
+class SameUpdates:
+    """Checks, round after round, that two agents made the same optimizer update of one group of parameters.
+
+    Call check(actual, expected, lr, what) right after both made the update, from bit-identical parameters (this
+    object re-syncs them after each check); actual and expected: the live parameters (a module, a TensorDict of
+    nn.Parameters or a {name: parameter} dict), whose .grad holds the gradients the optimizer used. lr: the
+    learning rate of the step, a float or {name: float}. grads=False where actual's .grad cannot be read: at the
+    call that records a CUDA graph, .grad holds the buffers the graph will write, not written yet (the recording
+    does not run the kernels); the steps are then checked against the entries found at their noise so far.
+    """
+
+    def __init__(self, group):
+        self.group = group
+        self.noisy = {}  # {name: bool tensor}: entries whose gradient has been at its rounding noise in some round
+
+    def check(self, actual, expected, lr, what, grads=True):
+        actual, expected = named_tensors(actual), named_tensors(expected)
+        what = f"{what} {self.group}"
+        assert actual.keys() == expected.keys(), f"{what}: keys differ: {sorted(actual)} vs {sorted(expected)}"
+        for name, param in expected.items():
+            other = actual[name]
+            lr_ = lr[name] if isinstance(lr, dict) else float(lr)
+            if not grads or (param.grad is None and other.grad is None):
+                noisy = torch.zeros_like(param, dtype=torch.bool)
+            elif param.grad is None or other.grad is None:
+                raise AssertionError(f"{what} {name}: a gradient on one side only")
+            else:
+                grad, other_grad = param.grad.detach(), other.grad.detach()
+                scale = grad.abs().max().item()
+                torch.testing.assert_close(
+                    other_grad, grad, rtol=GRAD_RTOL, atol=GRAD_ATOL * scale,
+                    msg=lambda m, n=name: f"{what} gradient of {n}: {m}",
+                )  # fmt: skip
+                noisy = (other_grad - grad).abs() > NOISE_LEVEL * torch.maximum(other_grad.abs(), grad.abs())
+            self.noisy[name] = noisy | self.noisy.get(name, torch.zeros_like(noisy))
+            gap = (other.detach() - param.detach()).abs()
+            allowed = STEP_ATOL * lr_ + PARAM_RTOL * param.detach().abs()
+            wrong = (gap > allowed) & ~self.noisy[name]
+            if wrong.any():
+                index = torch.where(wrong, gap - allowed, -1).argmax()
+                raise AssertionError(
+                    f"{what} {name}: {int(wrong.sum())} of {param.numel()} entries with matching gradients made "
+                    f"other steps; greatest gap {gap.flatten()[index]:.3g} where {allowed.flatten()[index]:.3g} is "
+                    f"allowed (lr {lr_:.3g})"
+                )
+            assert gap.max() <= 2 * lr_ + allowed.max(), (
+                f"{what} {name}: an entry at its gradient's rounding noise moved {gap.max():.3g} from the other "
+                f"side's, more than Adam's two steps of {lr_:.3g}"
+            )
+        noisy = sum(int(mask.sum()) for mask in self.noisy.values())
+        total = sum(mask.numel() for mask in self.noisy.values())
+        assert noisy <= MAX_NOISY_FRACTION * total, f"{what}: {noisy} of {total} gradients at their rounding noise"
+        sync_(actual, expected)
+
+
+def assert_params_close_after_steps(actual, expected, lrs, what):
+    """The parameters of two agents after the same optimizer steps (learning rates lrs), from the same start, their
+    gradients unseen (the end of a run): the bulk of the entries agree to a hundredth of the steps' total, and the
+    few that went through a gradient at its rounding noise (at most MAX_NOISY_FRACTION) within Adam's steps."""
+    actual, expected = named_tensors(actual), named_tensors(expected)
+    assert actual.keys() == expected.keys(), f"{what}: keys differ: {sorted(actual)} vs {sorted(expected)}"
+    loose, total = 0, 0
+    for name, param in expected.items():
+        gap = (actual[name].detach() - param.detach()).abs()
+        loose += int((gap > STEP_ATOL * sum(lrs) + PARAM_RTOL * param.detach().abs()).sum())
+        total += param.numel()
+        assert gap.max() <= 2 * sum(lrs), f"{what} {name}: {gap.max():.3g} apart, more than Adam's steps allow"
+    assert loose <= MAX_NOISY_FRACTION * total, f"{what}: {loose} of {total} entries further apart than the bulk's"
+
+
+def args_docstrings(name):
+    """{field: docstring} of a script's Args class, read from the source (the string right after each field), with
+    those of the fields it inherits from run_utils.RunArgs (the flags every script has) that it does not set again."""
+    docs = class_docstrings(SCRIPTS_DIR / "run_utils.py", "RunArgs")
+    docs.update(class_docstrings(script_path(name), "Args"))
+    return docs
+
+
+def class_docstrings(path, class_name):
+    tree = ast.parse(Path(path).read_text())
+    (args_class,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == class_name]
+    docs = {}
+    body = args_class.body
+    for index, node in enumerate(body):
+        if isinstance(node, ast.AnnAssign):
+            following = body[index + 1] if index + 1 < len(body) else None
+            is_doc = (
+                isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)
+            )
+            docs[node.target.id] = following.value.value.strip() if is_doc else ""
+    return docs
+
+
+def check_cudagraphs_message(completed, asked_for_cudagraphs, on_cuda=False):
+    """On the CPU, --cudagraphs gets exactly one line saying they are off; without it, no such line.
+
+    On CUDA, no line says they are off (tensordict logs the setting up of each CudaGraphModule: that line is fine).
+    """
+    mentions = [line for line in output_lines(completed) if "cudagraph" in line.lower()]
+    says_off = [line for line in mentions if re.search(r"\boff\b|disabl|needs? a cuda", line.lower())]
+    if on_cuda:
+        assert not says_off, says_off
+    elif asked_for_cudagraphs:
+        assert len(mentions) == 1, f"expected one line saying cudagraphs are off, got {mentions}"
+        assert says_off == mentions, mentions[0]
+    else:
+        assert not mentions, mentions
+
+
+# --- Checks every pair's tests run the same way: flags, bad input, determinism, the results line ----------------
+
+TWIN_ONLY_FIELDS = {"compile", "cudagraphs"}
+COMMON_FIELDS = ("exp_name", "seed", "torch_deterministic", "cuda", "track", "wandb_project_name", "wandb_entity",
+                 "env_id", "total_timesteps", "measure_burnin", "results_path", "save_model", "model_path",
+                 "checkpoint_every", "resume", "eval_episodes", "capture_video")  # fmt: skip
+
+
+def check_args_of_the_pair_match(plain_name, twin_name, expected_defaults):
+    """The twin has the plain script's fields (same order, types, defaults) plus compile and cudagraphs (False).
+
+    Both have the fields every script has (CONVENTIONS.md); expected_defaults: {field: CleanRL's default}.
+    """
+    plain, twin = args_fields(load_script(plain_name)), args_fields(load_script(twin_name))
+    assert set(twin) - set(plain) == TWIN_ONLY_FIELDS
+    assert set(plain) <= set(twin)
+    assert [name for name in twin if name in plain] == list(plain), "shared fields in another order"
+    for name, field in plain.items():
+        assert twin[name].type == field.type, f"{name}: type {twin[name].type} vs {field.type}"
+        if name == "exp_name":  # defaults to the script's own name
+            assert field_default(field) == plain_name and field_default(twin[name]) == twin_name
+        else:
+            assert field_default(twin[name]) == field_default(field), f"{name}: defaults differ"
+    for name in TWIN_ONLY_FIELDS:
+        assert twin[name].type in (bool, "bool") and field_default(twin[name]) is False, name
+
+    for name in COMMON_FIELDS:
+        assert name in plain, name
+    assert field_default(plain["cuda"]) is True
+    assert field_default(plain["track"]) is False
+    assert field_default(plain["results_path"]) is None
+    assert field_default(plain["wandb_project_name"]) == "leanrl"
+    checkpoint_defaults = {"save_model": False, "model_path": None, "checkpoint_every": 0, "resume": None,
+                           "eval_episodes": 10, "capture_video": False}  # fmt: skip
+    assert {name: field_default(plain[name]) for name in checkpoint_defaults} == checkpoint_defaults
+    assert {name: field_default(plain[name]) for name in expected_defaults} == expected_defaults
+
+
+def check_every_flag_has_a_docstring_shown_by_help(name):
+    docs = args_docstrings(name)
+    assert set(docs) == set(args_fields(load_script(name)))
+    missing = [field for field, doc in docs.items() if not doc]
+    assert not missing, f"fields without a docstring: {missing}"
+
+    help_text = squash(help_output(name))
+    for field, doc in docs.items():
+        assert f"--{field.replace('_', '-')}" in help_text, f"--help does not list {field}"
+        assert squash(doc) in help_text, f"--help does not show the docstring of {field}: {doc!r}"
+
+
+def check_bad_input(name, flags, expected_words, tmp_path):
+    """Exit status 2, exactly one stderr line naming the problem, no traceback, no results written."""
+    results = tmp_path / "results.jsonl"
+    completed = run_script(name, *flags, "--results-path", results, timeout=300)
+    assert completed.returncode == 2, describe(completed)
+    assert "Traceback" not in completed.stderr + completed.stdout, describe(completed)
+    lines = [line for line in completed.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, describe(completed)
+    _check_error_line(lines[0], expected_words, results)
+
+
+def _check_error_line(line, expected_words, results):
+    """The one stderr line of a refused run names the problem; the run wrote no results."""
+    message = line.replace("_", "-")
+    for word in expected_words:
+        assert word in message, f"{word!r} not in {line!r}"
+    assert not results.exists(), "a failed run wrote results"
+
+
+def check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys):
+    """check_bad_input for a run of the script's __main__ in this process: a subprocess per case costs seconds of
+    imports. Anything but SystemExit (a traceback) propagates and fails the test."""
+    results = tmp_path / "results.jsonl"
+    path = script_path(name)
+    with command_line([str(path), *map(str, flags), "--no-cuda", "--results-path", str(results)]):
+        with pytest.raises(SystemExit) as exit_:
+            runpy.run_path(str(path), run_name="__main__")
+    stdout, stderr = capsys.readouterr()
+    assert exit_.value.code == 2, (exit_.value.code, stdout, stderr)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"{name}.py: error: "), lines
+    _check_error_line(lines[0], expected_words, results)
+
+
+def check_same_seed_same_returns(name):
+    """The same seed twice gives the same episodic returns on Pendulum-v1 (4 episodes, 3 of them learning); another
+    seed gives others."""
+    flags = ("--env-id", "Pendulum-v1", "--learning-starts", "200", "--batch-size", "64")
+    first = run_in_process(name, *flags, "--seed", "1", "--total-timesteps", "800")["episode_returns"]
+    second = run_in_process(name, *flags, "--seed", "1", "--total-timesteps", "800")["episode_returns"]
+    assert len(first) >= 4, first
+    assert all(isinstance(value, float) for value in first), first
+    assert second == first
+    # Another seed gives other returns (a shorter run is enough to see it).
+    other = run_in_process(name, *flags, "--seed", "2", "--total-timesteps", "400")["episode_returns"]
+    assert len(other) == 2, other
+    assert other != first[: len(other)]
+    assert other[1] != first[1], "the first learning episode does not depend on the seed"
+
+
+def check_tiny_run_is_run_sh(name, tiny):
+    """The tiny run a script's results-line test runs is run.sh's tiny budget of the script's pair."""
+    pair = name.removesuffix(".py").removesuffix("_torchcompile")
+    assert tiny.flags == run_sh_budget("tiny", pair), f"{name}: a tiny run other than run.sh's for {pair}"
+
+
+# Off-policy (SAC, TD3): 300 steps > learning_starts (100) + measure_burnin (3 by default), so sps is measured; one
+# 200-step Pendulum-v1 episode finishes, and a step's reward lies in [-16.3, 0]. run.sh's line for SAC and TD3.
+TINY_RUN = run_sh_tiny_run("sac_continuous_action", "Pendulum-v1", (-3300, 0))
+
+
+def check_result(result, name, algo, seed, compile_, tiny=TINY_RUN, device="cpu", cudagraphs=False):
+    """One results line of a tiny run (on the CPU unless told): every field, with the right types and values."""
+    assert set(RESULT_FIELDS) <= result.keys(), f"missing fields: {set(RESULT_FIELDS) - result.keys()}"
+    assert result["script"] == f"{name}.py"
+    assert result["algo"] == algo
+    assert result["env_id"] == tiny.env_id
+    assert result["seed"] == seed
+    assert result["compile"] is compile_
+    assert result["cudagraphs"] is cudagraphs, "cudagraphs recorded as asked for (on CUDA) or off (on the CPU)"
+    assert result["device"] == device
+    assert result["torch_version"] == torch.__version__
+    assert result["total_timesteps"] == tiny.total_timesteps
+    assert is_number(result["sps"]) and result["sps"] > 0, result["sps"]
+    assert is_number(result["compile_seconds"]) and result["compile_seconds"] >= 0, result["compile_seconds"]
+    assert is_number(result["wall_seconds"]) and result["wall_seconds"] > 0, result["wall_seconds"]
+    low, high = tiny.return_range
+    assert is_number(result["final_return"]) and low < result["final_return"] <= high, result["final_return"]
+
+
+def check_plain_results_line_is_appended(plain, algo, tmp_path, tiny=TINY_RUN):
+    """Two runs of the plain script, on run.sh's tiny budget of its pair, append two results lines, in order, and
+    print a summary line. In this process (run_script_in_process)."""
+    check_tiny_run_is_run_sh(plain, tiny)
+    results = tmp_path / "results.jsonl"
+    for count, seed in enumerate((1, 2), start=1):
+        completed = run_script_in_process(plain, *tiny.flags, "--seed", seed, "--results-path", results, env=tiny.env)
+        assert completed.returncode == 0, describe(completed)
+        assert tiny.env_id in completed.stdout.strip().splitlines()[-1], "no summary line"
+        lines = read_results(results)
+        assert len(lines) == count, "the results file was not appended to"
+        check_result(lines[-1], plain, algo, seed, compile_=False, tiny=tiny)
+    assert [line["seed"] for line in read_results(results)] == [1, 2]
+
+
+def check_twin_runs_with_every_flag_combination(twin, algo, tmp_path, tiny=TINY_RUN):
+    """On the CPU, the twin runs with no flag, --compile, --cudagraphs and both, on run.sh's tiny budget of its pair;
+    cudagraphs fall back with one line. In this process, as check_plain_results_line_is_appended."""
+    check_tiny_run_is_run_sh(twin, tiny)
+    results = tmp_path / "results.jsonl"
+    combinations = [(), ("--compile",), ("--cudagraphs",), ("--compile", "--cudagraphs")]
+    for count, flags in enumerate(combinations, start=1):
+        completed = run_script_in_process(
+            twin, *tiny.flags, "--seed", "1", "--results-path", results, *flags, env=tiny.env
+        )
+        assert completed.returncode == 0, f"flags {flags}: {describe(completed)}"
+        assert "Traceback" not in completed.stderr, describe(completed)
+        assert tiny.env_id in completed.stdout.strip().splitlines()[-1], "no summary line"
+        check_cudagraphs_message(completed, "--cudagraphs" in flags)
+        lines = read_results(results)
+        assert len(lines) == count, "the results file was not appended to"
+        check_result(lines[-1], twin, algo, 1, compile_="--compile" in flags, tiny=tiny)
+    by_flags = dict(zip(combinations, read_results(results), strict=True))
+    # Without CUDA, --cudagraphs is off: the run is the one without it, return for return (same seed).
+    assert by_flags[("--cudagraphs",)]["final_return"] == by_flags[()]["final_return"]
+    assert by_flags[("--compile", "--cudagraphs")]["final_return"] == by_flags[("--compile",)]["final_return"]
+
+
+def check_twin_runs_with_cudagraphs_on_cuda(twin, algo, tmp_path, tiny=TINY_RUN):
+    """On CUDA, --cudagraphs are on: recorded as such, no line says they are off, and the run is the one without
+    them (same seed, same final return: a captured graph replays the same kernels and draws the same numbers).
+
+    --compile --cudagraphs runs once (each compiled run costs its compile time); the pair without --compile is the
+    one compared.
+    """
+    results = tmp_path / "results.jsonl"
+    combinations = [(), ("--cudagraphs",), ("--compile", "--cudagraphs")]
+    for count, flags in enumerate(combinations, start=1):
+        completed = run_script(
+            twin, *tiny.flags, "--seed", "1", "--results-path", results, *flags, env=tiny.env, cuda=True
+        )
+        assert completed.returncode == 0, f"flags {flags}: {describe(completed)}"
+        assert "Traceback" not in completed.stderr, describe(completed)
+        assert tiny.env_id in completed.stdout.strip().splitlines()[-1], "no summary line"
+        check_cudagraphs_message(completed, "--cudagraphs" in flags, on_cuda=True)
+        lines = read_results(results)
+        assert len(lines) == count, "the results file was not appended to"
+        check_result(
+            lines[-1], twin, algo, 1, compile_="--compile" in flags, tiny=tiny, device="cuda",
+            cudagraphs="--cudagraphs" in flags,
+        )  # fmt: skip
+    by_flags = dict(zip(combinations, read_results(results), strict=True))
+    assert by_flags[("--cudagraphs",)]["final_return"] == pytest.approx(by_flags[()]["final_return"], rel=1e-5)
+
+
+# --- Checkpoints, evaluation and interruption: --save-model, --resume, --eval-episodes, --capture-video --------
+
+
+def assert_same_state(actual, expected, where="checkpoint"):
+    """Two checkpoints (or parts of them) hold the same entries: tensors equal in dtype, shape and every value."""
+    if isinstance(expected, dict):
+        assert actual.keys() == expected.keys(), f"{where}: keys {sorted(actual)} vs {sorted(expected)}"
+        for key in expected:
+            assert_same_state(actual[key], expected[key], f"{where}/{key}")
+    elif isinstance(expected, list | tuple):
+        assert len(actual) == len(expected), f"{where}: length {len(actual)} vs {len(expected)}"
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            assert_same_state(a, e, f"{where}[{i}]")
+    elif isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{where}: {type(actual)}"
+        assert (actual.dtype, actual.shape) == (expected.dtype, expected.shape), f"{where}: dtype or shape differ"
+        assert torch.equal(actual.cpu(), expected.cpu()), f"{where}: values differ"
+    else:
+        assert actual == expected, f"{where}: {actual!r} vs {expected!r}"
+
+
+def check_learns_pendulum(name, flags, total_timesteps, num_envs, resumed, tmp_path, threshold):
+    """A SAC or TD3 script on Pendulum-v1 (episodes of 200 steps) reaches a mean of `threshold` over 10 consecutive
+    training episodes within `total_timesteps`; the run stops at the episode that brings them there, since the rest
+    of the budget could not change that. resumed: the run is saved at half the budget and resumed in a new run, and
+    the episodes counted are the resumed run's (the second half's)."""
+    flags = ("--env-id", "Pendulum-v1", *flags)
+    if resumed:
+        flags = (*flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
+        run_in_process(name, *flags, "--total-timesteps", total_timesteps // 2)
+        flags = (*flags, "--resume", tmp_path / "agent.pt")
+    reached = lambda returns: len(returns) >= 10 and statistics.mean(returns[-10:]) > threshold  # noqa: E731
+    returns = run_in_process_until(name, *flags, "--total-timesteps", total_timesteps, reached=reached)
+    played = total_timesteps // 2 if resumed else total_timesteps
+    episodes = num_envs * (played // num_envs // 200)
+    stopped = reached(returns)  # stopped there: its episodes so far
+    assert len(returns) <= episodes if stopped else len(returns) == episodes, (
+        f"Pendulum-v1 episodes last 200 steps: {episodes} in {played} steps; got {len(returns)}"
+    )
+    print(
+        f"{name} {' '.join(map(str, flags))}: {len(returns)} of {episodes} episodes; returns {[round(r) for r in returns]}"
+    )
+    assert len(returns) >= 10, returns
+    best10 = max(statistics.mean(returns[i : i + 10]) for i in range(len(returns) - 9))
+    assert best10 > threshold, f"best mean of 10 consecutive returns {best10:.1f}"
+
+
+def check_resume_continues_the_run(name, flags, tmp_path, saved_checkpoints, steps, same_as_shorter_run):
+    """A run of 2 x `steps` with --checkpoint-every `steps`; a run resumed from its mid-run checkpoint ends with the
+    uninterrupted run's step counter and optimizer step counts, and keeps the replay rows written before the resume
+    (where there is a replay buffer). same_as_shorter_run: the mid-run checkpoint is, entry for entry, what a run of
+    `steps` saves at its end (true where --total-timesteps sets no schedule)."""
+    common = (*flags, "--save-model", "--eval-episodes", "0")
+    run_in_process(name, *common, "--total-timesteps", 2 * steps, "--checkpoint-every", steps,
+                   "--model-path", tmp_path / "full.pt")  # fmt: skip
+    assert len(saved_checkpoints) == 2, "one checkpoint mid-run and one at the end"
+    mid, full = saved_checkpoints
+    assert (mid["global_step"], full["global_step"]) == (steps, 2 * steps)
+    if same_as_shorter_run:
+        run_in_process(name, *common, "--total-timesteps", steps, "--model-path", tmp_path / "short.pt")
+        short = saved_checkpoints[2]
+        assert (short["total_timesteps"], mid["total_timesteps"]) == (steps, 2 * steps)  # each run's own budget
+        assert_same_state({**short, "total_timesteps": 2 * steps}, mid)
+    torch.save(mid, tmp_path / "mid.pt")
+    run_in_process(name, *common, "--total-timesteps", 2 * steps, "--resume", tmp_path / "mid.pt",
+                   "--model-path", tmp_path / "resumed.pt")  # fmt: skip
+    resumed = load_checkpoint(tmp_path / "resumed.pt")
+    assert resumed["global_step"] == 2 * steps
+    assert optimizer_steps(resumed) == optimizer_steps(full)
+    assert all(optimizer_steps(mid).values()), "no update before the checkpoint: the check would prove little"
+    if "replay_buffer" in mid:
+        assert (resumed["replay_buffer"]["pos"], resumed["replay_buffer"]["full"]) == (
+            full["replay_buffer"]["pos"],
+            full["replay_buffer"]["full"],
+        )
+        for key, rows in mid["replay_buffer"].items():
+            if isinstance(rows, torch.Tensor):
+                assert torch.equal(resumed["replay_buffer"][key][: len(rows)], rows), f"replay {key} before resume"
+                assert resumed["replay_buffer"][key].shape == full["replay_buffer"][key].shape, key
+    return resumed
+
+
+def check_checkpoints_load_across_the_pair(plain, twin, flags, tmp_path):
+    """Each member evaluates the other's checkpoint with the same eval return (same seed), and saves back every entry
+    it read unchanged: both read and write one layout, the plain script's."""
+    for source, target in ((twin, plain), (plain, twin)):
+        results = tmp_path / f"{source}.jsonl"
+        run_in_process(source, *flags, "--save-model", "--model-path", tmp_path / f"{source}.pt",
+                       "--eval-episodes", "2", "--results-path", results)  # fmt: skip
+        run_in_process(target, *flags, "--resume", tmp_path / f"{source}.pt", "--save-model",
+                       "--model-path", tmp_path / f"{target}_from_{source}.pt", "--eval-episodes", "2",
+                       "--results-path", results)  # fmt: skip
+        saved, evaluated = read_results(results)
+        assert is_number(saved["eval_return"]), saved
+        assert evaluated["eval_return"] == saved["eval_return"], f"{target} evaluating {source}'s checkpoint"
+        assert evaluated["steps_done"] == saved["steps_done"], "a finished run resumed trains nothing"
+        assert_same_state(
+            load_checkpoint(tmp_path / f"{target}_from_{source}.pt"), load_checkpoint(tmp_path / f"{source}.pt")
+        )
+
+
+def check_bad_checkpoints_are_refused(name, flags, checkpoint, other_algo_checkpoint, changed_flag, tmp_path, capsys):
+    """--resume with a missing, truncated, other-algorithm, other-env or other-hyper-parameter checkpoint: exit 2, one
+    line that says which."""
+    capsys.readouterr()  # what the run that saved the checkpoint printed
+    truncated = tmp_path / "truncated.pt"
+    data = Path(checkpoint).read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    flag, value = changed_flag
+    cases = [
+        (("--resume", tmp_path / "missing.pt"), ["no checkpoint", "missing.pt"]),
+        (("--resume", truncated), ["cannot read", "truncated.pt"]),
+        (("--resume", other_algo_checkpoint), ["not a", "checkpoint"]),
+        (("--resume", checkpoint, "--seed", "7"), ["seed 7"]),
+        (("--resume", checkpoint, flag, value), [flag, "hyper-parameters"]),
+    ]
+    for case_flags, words in cases:
+        check_bad_input_in_process(name, (*flags, *case_flags), words, tmp_path, capsys)
+
+
+def check_video_of_the_evaluation(
+    name, flags, tmp_path, env_id="InvertedPendulum-v5", return_of_frames=lambda n: n - 1
+):
+    """--capture-video: one playable MP4 per evaluation episode beside the checkpoint, a frame per step.
+    return_of_frames: an episode's return from its frame count. On InvertedPendulum-v5 the reward is 1 a step but 0
+    on the step that drops the pole, which a briefly trained agent does early: the frame count less one. On
+    CartPole-v1 every step, the last included, gives 1: the frame count."""
+    import imageio.v3 as iio
+
+    results = tmp_path / "results.jsonl"
+    run_in_process(name, *flags, "--env-id", env_id, "--save-model", "--model-path",
+                   tmp_path / "run" / "agent.pt", "--eval-episodes", "2", "--capture-video",
+                   "--results-path", results)  # fmt: skip
+    videos = sorted((tmp_path / "run" / "videos").glob("*.mp4"))
+    assert [video.name for video in videos] == ["eval-episode-0.mp4", "eval-episode-1.mp4"]
+    frame_counts = []
+    for video in videos:
+        frames = iio.imread(video)
+        assert frames.ndim == 4 and frames.shape[-1] == 3 and frames.max() > 0, frames.shape
+        frame_counts.append(len(frames))
+    assert read_results(results)[0]["eval_return"] == pytest.approx(sum(map(return_of_frames, frame_counts)) / 2)
+
+
+def check_signal_stops_the_run(name, flags, signum, tmp_path, total_timesteps=10**6):
+    """SIGINT or SIGTERM to a running script: it stops at the end of a step, writes its checkpoint and a results line
+    with "interrupted": true and the steps done, says so, exits 128 + the signal, no traceback; then the run resumes
+    from that checkpoint to a finish. The signal waits for the run's first steps, and its budget is one no machine
+    runs in the half second that follows: the signal always finds the run in its loop."""
+    model, results, stderr_path = tmp_path / "agent.pt", tmp_path / "results.jsonl", tmp_path / "stderr.txt"
+    command = [sys.executable, str(script_path(name)), *map(str, flags), "--total-timesteps", str(total_timesteps),
+               "--save-model", "--model-path", str(model), "--results-path", str(results)]  # fmt: skip
+    with open(stderr_path, "w") as stderr:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+                                   stdout=subprocess.PIPE, stderr=stderr, text=True)  # fmt: skip
+        try:
+            with time_limit(600, f"waiting for {name} to step"):
+                # The progress bar shows steps done: the run is in its loop (PPO's total is rounded to whole rollouts).
+                while not re.search(r"\b[1-9]\d*/\d+\b", stderr_path.read_text()):
+                    assert process.poll() is None, stderr_path.read_text()
+                    time.sleep(0.5)
+            process.send_signal(signum)
+            stdout, _ = process.communicate(timeout=300)
+        finally:
+            process.kill()
+    error_output = stderr_path.read_text()
+    assert process.returncode == 128 + signum, (process.returncode, stdout, error_output[-2000:])
+    assert "Traceback" not in error_output + stdout, error_output[-2000:]
+    assert f"interrupted by {signal.Signals(signum).name}" in stdout.strip().splitlines()[-1], stdout
+    (result,) = read_results(results)
+    assert (result["interrupted"], result["cut"], result["model_path"]) == (True, "training", str(model)), result
+    assert 0 < result["steps_done"] < total_timesteps, result
+    assert load_checkpoint(model)["global_step"] == result["steps_done"]
+
+    # The resumed run ends 50 steps on, a budget other than the interrupted run's: a script whose schedule is computed
+    # from the budget refuses that (test_run_rules.py), so the checkpoint is given it, as if the run had been made so.
+    # It runs in this process: what it checks is the checkpoint, not the signal.
+    finish = result["steps_done"] + 50
+    torch.save({**load_checkpoint(model), "total_timesteps": finish}, model)
+    completed = run_script_in_process(name, *flags, "--total-timesteps", finish, "--resume", model, "--save-model",
+                                      "--eval-episodes", "1", "--results-path", results)  # fmt: skip
+    assert completed.returncode == 0, describe(completed)
+    resumed = read_results(results)[-1]
+    assert (resumed["interrupted"], resumed["cut"], resumed["model_path"]) == (False, None, str(model)), resumed
+    assert resumed["steps_done"] >= finish and is_number(resumed["eval_return"]), resumed

@@ -1,0 +1,362 @@
+"""Helpers for the tests: running and loading the scripts, and reading what a run leaves.
+
+Scripts are addressed by name, with or without ".py": "sac_continuous_action" is leanrl/sac_continuous_action.py.
+Three ways to exercise a script, all through its stable interface:
+- load_script(name): import it as a module (module level holds definitions only) to call Args, build_* ...
+- run_script(name, *flags): run it as a user would, in a subprocess; returns the CompletedProcess.
+- run_in_process(name, *flags): run its `__main__` block in this process; returns its globals
+  (e.g. `episode_returns`).
+Both run on the CPU unless the caller passes cuda=True, also on a machine with a GPU: the generic checks (results
+line, determinism, learning thresholds) are written for the CPU. The CUDA cases are marked `requires_cuda`.
+
+The checks each pair's tests share are in checks.py; pytest's fixtures and hooks in conftest.py. Test files import
+these modules by name: pytest's default import mode puts tests/ (no __init__.py) on sys.path; a file run from tests/
+has its folder there, and distributed_worker.py puts it there itself. Importing this module puts leanrl/ there too
+(below): pytest and every subprocess that imports it find the scripts' run_utils.
+"""
+
+import contextlib
+import dataclasses
+import importlib.util
+import io
+import itertools
+import json
+import math
+import os
+import re
+import runpy
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS_DIR = REPO_ROOT / "leanrl"
+# A script imports its sibling run_utils as `python leanrl/<script>.py` does: from the scripts' folder.
+sys.path.insert(0, str(SCRIPTS_DIR))
+
+# Generous limits: the CI and dev machines are small and noisy; a limit only turns a hang into a failure.
+DEFAULT_TIMEOUT_S = 900
+
+RESULT_FIELDS = (
+    "script",
+    "algo",
+    "env_id",
+    "seed",
+    "compile",
+    "cudagraphs",
+    "device",
+    "torch_version",
+    "total_timesteps",
+    "sps",
+    "compile_seconds",
+    "wall_seconds",
+    "final_return",
+)
+
+_module_counter = itertools.count()
+
+
+def script_path(name):
+    """The path of a script from its name ("sac_continuous_action" or "sac_continuous_action.py")."""
+    path = SCRIPTS_DIR / (name if name.endswith(".py") else f"{name}.py")
+    if not path.is_file():
+        raise FileNotFoundError(f"no script {path}")
+    return path
+
+
+def load_script(name):
+    """Import a script by file path and return the module.
+
+    Every call executes the file again and returns a new module, so nothing is shared between callers:
+    in particular torch.compile's caches (keyed on code objects) start empty for each loaded module.
+    """
+    path = script_path(name)
+    module_name = f"leanrl_test_{path.stem}_{next(_module_counter)}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses, pickling and torch.compile look modules up here
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
+def run_script(name, *flags, timeout=DEFAULT_TIMEOUT_S, env=None, cuda=False):
+    """Run a script in a subprocess from the repository root; returns the CompletedProcess (text, captured).
+
+    Without cuda=True the subprocess sees no GPU (CUDA_VISIBLE_DEVICES=""), so it runs on the CPU on any machine.
+    """
+    full_env = dict(os.environ)
+    if not cuda:
+        full_env["CUDA_VISIBLE_DEVICES"] = ""
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, str(script_path(name)), *map(str, flags)],
+        cwd=REPO_ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@contextlib.contextmanager
+def time_limit(seconds, what):
+    """Raise TimeoutError in the main thread after `seconds` (no-op where SIGALRM is unavailable)."""
+    if not seconds or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise TimeoutError(f"{what} ran longer than {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def command_line(argv):
+    """sys.argv as a script run in this process sees it, restored afterwards, with sys.excepthook (a distributed
+    script sets its own) and the handlers of SIGINT and SIGTERM (a run handles them, then ignores them at its end)."""
+    saved_argv, saved_excepthook = sys.argv, sys.excepthook
+    saved_handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    sys.argv = argv
+    try:
+        yield
+    finally:
+        sys.argv, sys.excepthook = saved_argv, saved_excepthook
+        for signum, handler in saved_handlers.items():
+            signal.signal(signum, handler)
+
+
+def _run_main(name, flags, timeout, cuda):
+    """Run a script's `__main__` block in this process with these flags (and --no-cuda without cuda=True); returns
+    its command line and its globals. A SystemExit of the script goes through, its command line in .argv."""
+    path = script_path(name)
+    argv = [str(path), *map(str, flags), *(() if cuda else ("--no-cuda",))]
+    try:
+        with command_line(argv), time_limit(timeout, " ".join(argv)):
+            return argv, runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as exit_:
+        exit_.argv = argv
+        raise
+
+
+def run_in_process(name, *flags, timeout=DEFAULT_TIMEOUT_S, cuda=False):
+    """Run a script's `__main__` block in this process with these flags; returns the script's globals.
+
+    Without cuda=True the run gets --no-cuda: it runs on the CPU on any machine.
+    A script that exits (bad flags, non-finite loss) fails the calling test with its exit code.
+    """
+    try:
+        _, run_globals = _run_main(name, flags, timeout, cuda)
+    except SystemExit as exit_:
+        pytest.fail(f"{' '.join(exit_.argv)} exited with {exit_.code!r}")
+    if "run" in run_globals:  # the returns the run's mechanics collected, where the tests look for them
+        run_globals["episode_returns"] = run_globals["run"].episode_returns
+    return run_globals
+
+
+def run_script_in_process(name, *flags, env=None, timeout=DEFAULT_TIMEOUT_S):
+    """run_script's run, in this process and on the CPU (--no-cuda): no interpreter to start and nothing to import
+    again, seconds less a run. Returns a CompletedProcess: exit status 0, or the code of the run's SystemExit, and what
+    the run printed from Python. env: OMP_NUM_THREADS alone, taken as torch's thread count for the run."""
+    env = dict(env or {})
+    threads = int(env.pop("OMP_NUM_THREADS", torch.get_num_threads()))
+    assert not env, f"a run in this process cannot take these environment variables: {sorted(env)}"
+    stdout, stderr, returncode = io.StringIO(), io.StringIO(), 0
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            argv, _ = _run_main(name, flags, timeout, cuda=False)
+    except SystemExit as exit_:
+        argv, returncode = exit_.argv, exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    finally:
+        torch.set_num_threads(saved_threads)
+    return subprocess.CompletedProcess(argv, returncode, stdout.getvalue(), stderr.getvalue())
+
+
+class _Reached(Exception):
+    """Raised at the end of the episode with which a run in this process reached what a test waits for."""
+
+
+def run_in_process_until(name, *flags, reached, timeout=DEFAULT_TIMEOUT_S):
+    """The training episodes' returns of run_in_process(name, *flags), stopped at the end of the first episode after
+    which reached(returns so far) holds: a test whose claim is that a run reaches something within its budget (not
+    where it ends) need not play the rest of the budget. All the run's returns if it never does."""
+    import run_utils  # the scripts' own module: leanrl/ is on the path
+
+    episode = run_utils.Run.episode
+
+    def episode_then_check(self, *args, **kwargs):
+        episode(self, *args, **kwargs)
+        if reached(self.episode_returns):
+            if self.pbar:
+                self.pbar.close()
+            raise _Reached(list(self.episode_returns))
+
+    run_utils.Run.episode = episode_then_check
+    try:
+        return run_in_process(name, *flags, timeout=timeout)["episode_returns"]
+    except _Reached as stop:
+        return stop.args[0]
+    finally:
+        run_utils.Run.episode = episode
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """torch on one thread in this process (a run in process included), restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+# --- Devices ------------------------------------------------------------------------------------------------------
+
+NEEDS_CUDA = "needs a CUDA device"
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason=NEEDS_CUDA)
+# The equivalence tests run on each device: `@pytest.mark.parametrize("device", DEVICES)`.
+DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=requires_cuda)]
+
+
+@contextlib.contextmanager
+def default_dtype(dtype):
+    """torch's default dtype (of new parameters and of float results of integer inputs) set to dtype in the block."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+# --- What a run leaves and a script declares: output, results line, checkpoint, Args, --help ----------------------
+
+
+def read_results(path):
+    """The JSON objects of a --results-path file, one per line."""
+    lines = Path(path).read_text().splitlines()
+    assert all(line.strip() for line in lines), f"blank line in {path}: {lines!r}"
+    return [json.loads(line) for line in lines]
+
+
+def output_lines(completed):
+    """All lines a finished subprocess printed (stdout then stderr), split on newlines and tqdm's carriage returns."""
+    text = (completed.stdout or "") + "\n" + (completed.stderr or "")
+    return [line.strip() for line in text.replace("\r", "\n").split("\n") if line.strip()]
+
+
+def describe(completed):
+    """A short account of a finished subprocess for assertion messages."""
+    return (
+        f"exit status {completed.returncode}\n--- stdout (tail) ---\n{completed.stdout[-3000:]}"
+        f"\n--- stderr (tail) ---\n{completed.stderr[-3000:]}"
+    )
+
+
+def args_fields(module):
+    """{name: dataclasses.Field} of a script's Args, in declaration order."""
+    return {field.name: field for field in dataclasses.fields(module.Args)}
+
+
+def field_default(field):
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
+def squash(text):
+    """Text with tyro's box-drawing characters and runs of whitespace reduced to single spaces."""
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
+
+
+def is_number(value):
+    """A finite int or float (not a bool): what a numeric field of the results line must be."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def help_output(name):
+    """What `python leanrl/<name>.py --help` prints, 200 columns wide: the script's __main__ run in this process (a
+    subprocess costs seconds of imports), which must exit with status 0."""
+    out, columns = io.StringIO(), os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "200"
+    try:
+        with command_line([str(script_path(name)), "--help"]), contextlib.redirect_stdout(out):
+            with pytest.raises(SystemExit) as exit_:
+                runpy.run_path(str(script_path(name)), run_name="__main__")
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
+    assert exit_.value.code in (0, None), f"--help exited with {exit_.value.code!r}: {out.getvalue()[-2000:]}"
+    return out.getvalue()
+
+
+def load_checkpoint(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def optimizer_steps(checkpoint):
+    """{optimizer: [its step count for each parameter]} of a checkpoint's agent."""
+    return {
+        name: [state["step"].item() for _, state in sorted(value["state"].items())]
+        for name, value in checkpoint["agent"].items()
+        if name.endswith("optimizer")
+    }
+
+
+# --- run.sh's budgets: the tiny run each pair's tests run ---------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyRun:
+    """A run short enough for a test that still measures sps and finishes at least one episode."""
+
+    flags: tuple  # every flag but --seed and --results-path; --env-id where not the script's default
+    env_id: str
+    total_timesteps: int  # the steps the results line reports
+    return_range: tuple  # (low, high]: where the final return of such a run must lie
+    env: dict | None = None  # environment variables for the run, on top of this process's
+
+
+RUN_SH = REPO_ROOT / "run.sh"
+
+
+def run_sh_budget(mode, script):
+    """The budget flags run.sh gives the runs of a pair (named by its plain script) in a mode ("full", "quick" or
+    "tiny"): run.sh's own budget() function, run by bash. LookupError where run.sh has no budget for it."""
+    function = re.search(r"^budget\(\) \{.*?^\}$", RUN_SH.read_text(), re.DOTALL | re.MULTILINE)
+    assert function, f"no budget() function in {RUN_SH}"
+    completed = subprocess.run(["bash", "-c", f'{function.group(0)}\nbudget "$1" "$2"', "budget", mode, script],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+    if completed.returncode != 0:
+        raise LookupError(f"run.sh has no {mode} budget for {script}: {completed.stderr.strip()}")
+    return tuple(completed.stdout.split())
+
+
+def run_sh_tiny_run(pair, env_id, return_range, env=None):
+    """The TinyRun of run.sh's tiny budget for a pair (its plain script's name). Each pair's tests of the results line
+    and of the twin's flag combinations run on it (checks.py asserts so): they run every line of run.sh --tiny,
+    in the plain script and in each CPU variant of the twin, so that run.sh's own test need not run every pair."""
+    flags = run_sh_budget("tiny", pair)
+    total = int(flags[flags.index("--total-timesteps") + 1])
+    return TinyRun(flags=flags, env_id=env_id, total_timesteps=total, return_range=return_range, env=env)
