@@ -53,7 +53,8 @@ def main():
         f"CPU: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}; seconds from process start to the end"
         " of the first training iteration",
         "",
-        "| script | no --compile | --compile, cold cache | --compile, warm cache | compile cost cold | compile cost warm |",
+        "| script | no --compile | --compile, cold cache | --compile, warm cache | compile cost cold "
+        "| compile cost warm |",
         "|---|---|---|---|---|---|",
     ]
     for script in args.scripts:
@@ -64,7 +65,8 @@ def main():
             cold = timed_run(script, [*flags, "--compile"], cache_dir)
             warm = timed_run(script, [*flags, "--compile"], cache_dir)
         lines.append(
-            f"| {script}_torchcompile.py | {eager:.1f} | {cold:.1f} | {warm:.1f} | {cold - eager:.1f} | {warm - eager:.1f} |"
+            f"| {script}_torchcompile.py | {eager:.1f} | {cold:.1f} | {warm:.1f} | {cold - eager:.1f} "
+            f"| {warm - eager:.1f} |"
         )
     table = "\n".join(lines)
     print("\n" + table)

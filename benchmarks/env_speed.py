@@ -18,7 +18,7 @@ costs nothing.
 
 With --frames, a second table: the Atari envs alone, then with each step's frames copied to the GPU, from pageable
 memory (`torch.as_tensor`) and the twin's way (its `make_frames_to_device`: through one pinned buffer), each waited
-for as the training loop waits for them, the three in turn in each repeat; and each copy's cost in microseconds per step.
+for as the training loop waits for them, the three in turn in each repeat; and each copy's cost in microseconds a step.
 """
 
 import argparse
@@ -99,7 +99,8 @@ if __name__ == "__main__":
         ]
         envs.close()
         env_rate = statistics.median(rates)
-        row = f"| {name} | {script_args.env_id} | {script_args.num_envs} | {env_rate:.0f} [{min(rates):.0f}, {max(rates):.0f}]"
+        spread = f"[{min(rates):.0f}, {max(rates):.0f}]"
+        row = f"| {name} | {script_args.env_id} | {script_args.num_envs} | {env_rate:.0f} {spread}"
         by_variant = {}
         for result in results:
             pair = result["script"].removesuffix(".py").removesuffix("_torchcompile")

@@ -382,7 +382,8 @@ def main():
             plain, twin = updates["plain (eager)"], updates["twin --compile"]
             lines.append(
                 f"| {algo} | {device_type} | {ALGOS[algo][3]} | {flops / 1e9:.3f} | {floor * 1e6:.0f} | "
-                f"{flops / floor / 1e9:.0f} | {plain * 1e6:.0f} ({plain / floor:.2f}x) | {twin * 1e6:.0f} ({twin / floor:.2f}x) |"
+                f"{flops / floor / 1e9:.0f} | {plain * 1e6:.0f} ({plain / floor:.2f}x) | "
+                f"{twin * 1e6:.0f} ({twin / floor:.2f}x) |"
             )
     table = "\n".join(lines)
     print("\n" + table)

@@ -473,7 +473,8 @@ def check_learns_pendulum(name, flags, total_timesteps, num_envs, resumed, tmp_p
         f"Pendulum-v1 episodes last 200 steps: {episodes} in {played} steps; got {len(returns)}"
     )
     print(
-        f"{name} {' '.join(map(str, flags))}: {len(returns)} of {episodes} episodes; returns {[round(r) for r in returns]}"
+        f"{name} {' '.join(map(str, flags))}: {len(returns)} of {episodes} episodes; "
+        f"returns {[round(r) for r in returns]}"
     )
     assert len(returns) >= 10, returns
     best10 = max(statistics.mean(returns[i : i + 10]) for i in range(len(returns) - 9))

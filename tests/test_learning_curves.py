@@ -369,7 +369,8 @@ def write_record(
     machine = dict(cpu="Test CPU", cores=2, gpu=None, torch="2.13.0", torch_threads=1)
     record = dict(script=f"{script}.py", script_path=script_path or f"leanrl/{script}.py", algo=algo, env_id=env_id,
                   seed=seed, flags=flags, command="", omp_num_threads="1", machine=machine, device="cpu",
-                  total_timesteps=budget, steps=budget, wall_seconds=1800.0 * seed, episodes=episodes, **fields)  # fmt: skip
+                  total_timesteps=budget, steps=budget, wall_seconds=1800.0 * seed, episodes=episodes,
+                  **fields)  # fmt: skip
     folder.mkdir(parents=True, exist_ok=True)
     name = learning_curves.record_name(script, flags, seed, fields.get("world_size", 1))
     (folder / name).write_text(json.dumps(record))
@@ -503,7 +504,7 @@ def test_plot_draws_each_seed_against_wall_clock_time(made_records):
 
 
 def test_a_run_with_many_flags_does_not_narrow_its_panel(tmp_path):
-    """The legend sits below the axes; an unwrapped label of many flags once squeezed the axes to a third of the panel."""
+    """The legend sits below the axes; an unwrapped label of many flags once squeezed the axes to a third of it."""
 
     def panel_width(folder):
         fig = learning_curves.figure(learning_curves.read_folders([folder]), window=20)

@@ -8,7 +8,8 @@ alike, and within a tolerance where the CPU kernels of another host round differ
 matrix products whose kernels depend on the vector instructions). It was written, on a 2-core AMD EPYC (AVX2)
 where the runs agree with it bit for bit, with
 
-    mkdir /tmp/base && git archive 1af5c19 leanrl | tar -x -C /tmp/base && python tests/test_num_envs.py /tmp/base/leanrl
+    mkdir /tmp/base && git archive 1af5c19 leanrl | tar -x -C /tmp/base
+    python tests/test_num_envs.py /tmp/base/leanrl
 
 With several envs: the runs count env steps, the replay buffer takes an iteration's transitions as rows (the plain
 and the twin buffer alike, wrapping around), a vector run resumes, refuses a checkpoint of another --num-envs or
@@ -106,7 +107,8 @@ def dump(reference):
     for variant, run in reference.items():
         entries = ",\n".join(f"   {json.dumps(where)}: {json.dumps(value)}" for where, value in run["values"].items())
         variants.append(f' {json.dumps(variant)}: {{\n  "episode_returns": {json.dumps(run["episode_returns"])},\n'
-                        f'  "eval_return": {json.dumps(run["eval_return"])},\n  "values": {{\n{entries}\n  }}\n }}')  # fmt: skip
+                        f'  "eval_return": {json.dumps(run["eval_return"])},\n'
+                        f'  "values": {{\n{entries}\n  }}\n }}')  # fmt: skip
     return "{\n" + ",\n".join(variants) + "\n}\n"
 
 

@@ -39,8 +39,9 @@ def test_old_checkpoint_resumes_and_evaluates(name, tmp_path, capsys):
     common = (*meta["flags"], "--resume", old, "--save-model", "--results-path", results)
 
     # Nothing left to train: the agent is evaluated as it was saved, and saved back entry for entry.
-    schedule = run_in_process(name, *common, "--total-timesteps", meta["global_step"], "--model-path",
-                              tmp_path / "same.pt", "--eval-episodes", meta["eval_episodes"])["run"].schedule  # fmt: skip
+    same_run = run_in_process(name, *common, "--total-timesteps", meta["global_step"], "--model-path",
+                              tmp_path / "same.pt", "--eval-episodes", meta["eval_episodes"])  # fmt: skip
+    schedule = same_run["run"].schedule
     (evaluated,) = read_results(results)
     # To 1e-6: the actor's float32 products round otherwise on another CPU (1.6e-9 apart on an AVX-512 Xeon from the
     # AVX2 EPYC that wrote the figure); another agent or another evaluation is far further.

@@ -395,7 +395,8 @@ def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
     # The flags every script has are checked in checks.py; here CleanRL's ppo_atari_envpool hyper-parameters.
     expected = dict(env_id="Breakout-v5", total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128,
                     anneal_lr=True, gamma=0.99, gae_lambda=0.95, num_minibatches=4, update_epochs=4, norm_adv=True,
-                    clip_coef=0.1, clip_vloss=True, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, target_kl=None)  # fmt: skip
+                    clip_coef=0.1, clip_vloss=True, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5,
+                    target_kl=None)  # fmt: skip
     check_args_of_the_pair_match(PLAIN, TWIN, expected)
 
 

@@ -216,8 +216,9 @@ def test_rank_zero_alone_writes_results_and_a_single_process_checkpoint(run_rank
     assert checkpoint["world_size"] == 2 and len(checkpoint["rank_rngs"]) == 1
 
     results = tmp_path / "results.jsonl"
-    run_in_process(SINGLE_PROCESS[PLAIN], *WORLD_OF_TWO_RUN, "--resume", out / "agent.pt", "--save-model", "--model-path",
-                   tmp_path / "agent.pt", "--eval-episodes", "1", "--results-path", results)  # fmt: skip
+    run_in_process(SINGLE_PROCESS[PLAIN], *WORLD_OF_TWO_RUN, "--resume", out / "agent.pt", "--save-model",
+                   "--model-path", tmp_path / "agent.pt", "--eval-episodes", "1",
+                   "--results-path", results)  # fmt: skip
     (evaluated,) = read_results(results)
     assert evaluated["eval_return"] == result["eval_return"]
     assert evaluated["steps_done"] == result["steps_done"]

@@ -291,7 +291,7 @@ def test_twin_compiled_matches_eager(device, inductor_fallback_random):
             check.check(compiled.qnet, eager.qnet, learning_rate(eager), f"round {round_}")
             for pqn in (eager, compiled):
                 pqn.set_learning_rate(learning_rate(pqn) * 0.5)
-        # The shapes of a run of 2 envs x 32 steps (the flag-combination test's): its compiles then hit this one's cache.
+        # The shapes of a run of 2 envs x 32 steps (the flag-combination test's): its compiles hit this one's cache.
         obs = random_minibatch(seed=7, size=2, device=device)["obs"]
         epsilon = torch.tensor(0.5, device=device)
         outputs = {}

@@ -48,8 +48,9 @@ def build(module, device="cpu", seed=0, **arg_overrides):
 # Seed 1 is not cherry-picked: seeds 1 and 2 both pass. The runs take batches of 64 (the default is 256): the same
 # algorithm at a quarter of its matrix work (seed 1's plain run: 74 s against 140 s at 256, one after the other beside
 # two other runs on the 2-core AMD EPYC VM, 1 thread; in the fresh-clone suite 59 s, where it took 77 s at 256), and
-# the returns at the default batch are the learning curves' business (docs/curves/sac.md). At batch 64 the plain script's mean of 10 crosses -300 at episode 25 for both
-# seeds (24 at batch 256) of its budget of 30; the twin with --compile on 4 envs with 4 gradient steps an iteration,
+# the returns at the default batch are the learning curves' business (docs/curves/sac.md). At batch 64 the plain
+# script's mean of 10 crosses -300 at episode 25 for both seeds (24 at batch 256) of its budget of 30; the twin with
+# --compile on 4 envs with 4 gradient steps an iteration,
 # saved at half its budget and resumed, crosses it at the 10th episode after the resume for both seeds (the earliest
 # it can). At batch 256 the plain script's returns, for seeds 1 and 2, were -160 and -163 at episode 30 and -195 to
 # -132 over episodes 26 to 40, so SAC stays there once it gets there.

@@ -350,7 +350,7 @@ def test_scripts_option_runs_only_those(fake_repo):
 
 
 def all_pairs():
-    """Every pair of leanrl/, named by its plain script: each X_torchcompile.py whose X.py exists (as run.sh finds them)."""
+    """Every pair of leanrl/, named by its plain script: each X_torchcompile.py whose X.py exists (as run.sh does)."""
     return sorted(path.name[: -len("_torchcompile.py")] for path in SCRIPTS_DIR.glob("*_torchcompile.py")
                   if (SCRIPTS_DIR / path.name.replace("_torchcompile", "")).is_file())  # fmt: skip
 
