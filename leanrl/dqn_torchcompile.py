@@ -234,13 +234,13 @@ def build_dqn(obs_dim, n_actions, args, device):
         """The networks' and the optimizer's state_dicts: a checkpoint's agent."""
         return {
             "qnet": qnet.state_dict(),
-            "target_qnet": run_utils.network_state(target_qnet_params),
+            "target_qnet": target_qnet_params.clone().flatten_keys(".").to_dict(),
             "optimizer": run_utils.optimizer_state(optimizer, fused=None, capturable=False),
         }
 
     def load_state_dict(state):
         qnet.load_state_dict(state["qnet"])
-        run_utils.load_network_state(target_qnet_params, state["target_qnet"])
+        target_qnet_params.update_(TensorDict(state["target_qnet"]).unflatten_keys("."))
         run_utils.load_optimizer_state(optimizer, state["optimizer"], fused=True, capturable=args.cudagraphs)
 
     return SimpleNamespace(

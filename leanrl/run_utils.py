@@ -2,6 +2,7 @@
 # checkpoints, random-generator state, Ctrl-C and SIGTERM, the progress bar and sps, the results line and summary, the
 # evaluation and its video, and an ensemble's stacked state in the plain layout. The algorithms are in the scripts.
 # RunArgs and Run come first; then what Run uses, in the order it uses it; then what the scripts call themselves.
+import atexit
 import importlib.util
 import json
 import os
@@ -201,6 +202,7 @@ class Run:
         if self.pbar is None:
             self.pbar = tqdm.tqdm(total=self.total_steps, desc=self.script, mininterval=1.0, initial=global_step,
                                   disable=self.rank != 0)  # fmt: skip
+            atexit.register(self.pbar.close)  # before teardown, where tqdm's __del__ fails (after an uncaught error)
         self.pbar.update(global_step - self.pbar.n)
 
     def episode(self, episode_return, step, **charts):
@@ -434,8 +436,8 @@ def evaluate(env, act, episodes, seed, video_folder, stop_signals):
 
 # What the scripts call themselves.
 # The domains of the numeric flags every script has (a seed: what numpy, torch and the envs all accept).
-RUN_DOMAINS = {"seed": "[0, 2**31)", "total_timesteps": ">= 1", "measure_burnin": ">= 0", "checkpoint_every": ">= 0",
-               "eval_episodes": ">= 0"}  # fmt: skip
+RUN_DOMAINS = {"seed": "[0, 2147483647]", "total_timesteps": ">= 1", "measure_burnin": ">= 0",
+               "checkpoint_every": ">= 0", "eval_episodes": ">= 0"}  # fmt: skip
 
 
 def check_domains(args, domains):
@@ -448,20 +450,16 @@ def check_domains(args, domains):
 
 
 def in_domain(value, domain):
+    """Whether value lies in the domain "> a", ">= a" or an interval such as "[a, b)"."""
     low, high, low_closed, high_closed = domain_bounds(domain)
     return (low <= value if low_closed else low < value) and (value <= high if high_closed else value < high)
 
 
 def domain_bounds(domain):
-    """(low, high, low_closed, high_closed) of "> a", ">= a" or an interval "[a, b)"; a bound may be "2**31"."""
-
-    def bound(text):
-        base, _, power = text.strip().partition("**")
-        return float(base) ** float(power or 1)
-
+    """(low, high, low_closed, high_closed) of a domain."""
     if domain.startswith(">"):
-        return bound(domain.lstrip(">=")), float("inf"), domain.startswith(">="), False
-    low, high = map(bound, domain[1:-1].split(","))
+        return float(domain.lstrip(">=")), float("inf"), domain.startswith(">="), False
+    low, high = map(float, domain[1:-1].split(","))
     return low, high, domain[0] == "[", domain[-1] == "]"
 
 
@@ -471,10 +469,9 @@ def make_gym_env(env_id, render_mode=None):
     import gymnasium as gym
 
     kwargs = {"render_mode": render_mode} if render_mode else {}
-    try:
-        import mujoco  # gymnasium's MuJoCo envs need it; other envs (and users) need not have it
-    except ImportError:
+    if importlib.util.find_spec("mujoco") is None:  # gymnasium's MuJoCo envs need it; other envs (and users) need not
         return gym.make(env_id, **kwargs)
+    import mujoco
 
     def warn(message):  # MuJoCo's other warnings, as it tells them: in its log file and on stderr
         if "'settotalmass' is deprecated" not in message:
@@ -482,7 +479,7 @@ def make_gym_env(env_id, render_mode=None):
             print(f"WARNING: {message}\n", file=sys.stderr)
 
     previous = mujoco.get_mju_user_warning()
-    mujoco.set_mju_user_warning(warn)
+    mujoco.set_mju_user_warning(warn)  # while this env is made: the warning comes as its XML is compiled
     try:
         return gym.make(env_id, **kwargs)
     finally:
@@ -512,18 +509,6 @@ class EvalGame:
 
     def close(self):
         self.envs.close()
-
-
-def network_state(params):
-    """One network's parameters held in a TensorDict, as the state_dict of its nn.Module."""
-    return {key: value.clone() for key, value in params.flatten_keys(".").items()}
-
-
-def load_network_state(params, state):
-    """Put a state_dict into a network's parameters held in a TensorDict, in place."""
-    from tensordict import TensorDict  # only the twins hold parameters in TensorDicts
-
-    params.update_(TensorDict(state).unflatten_keys("."))
 
 
 def optimizer_state(optimizer, members=1, **settings):

@@ -297,8 +297,8 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
         """The networks' and optimizers' state_dicts and log_alpha: a checkpoint's agent."""
         return {
             "actor": actor.state_dict(),
-            **{f"qf{i + 1}": run_utils.network_state(qnet_params.data[i]) for i in range(2)},
-            **{f"qf{i + 1}_target": run_utils.network_state(target_qnet_params[i]) for i in range(2)},
+            **{f"qf{i + 1}": qnet_params.data[i].clone().flatten_keys(".").to_dict() for i in range(2)},
+            **{f"qf{i + 1}_target": target_qnet_params[i].clone().flatten_keys(".").to_dict() for i in range(2)},
             "q_optimizer": run_utils.optimizer_state(q_optimizer, members=2, **plain_adam),
             "actor_optimizer": run_utils.optimizer_state(actor_optimizer, **plain_adam),
             "alpha_optimizer": run_utils.optimizer_state(alpha_optimizer, **plain_adam),
@@ -308,8 +308,8 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
     def load_state_dict(state):
         actor.load_state_dict(state["actor"])
         for i in range(2):
-            run_utils.load_network_state(qnet_params.data[i], state[f"qf{i + 1}"])
-            run_utils.load_network_state(target_qnet_params[i], state[f"qf{i + 1}_target"])
+            qnet_params.data[i].update_(TensorDict(state[f"qf{i + 1}"]).unflatten_keys("."))
+            target_qnet_params[i].update_(TensorDict(state[f"qf{i + 1}_target"]).unflatten_keys("."))
         run_utils.load_optimizer_state(q_optimizer, state["q_optimizer"], members=2, **adam_kwargs)
         run_utils.load_optimizer_state(actor_optimizer, state["actor_optimizer"], **adam_kwargs)
         run_utils.load_optimizer_state(alpha_optimizer, state["alpha_optimizer"], **adam_kwargs)

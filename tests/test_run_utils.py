@@ -91,15 +91,11 @@ def test_ensemble_optimizer_state_is_the_plain_layout_and_back():
     adam_steps(plain_optimizer, plain_params)
     adam_steps(twin_optimizer, list(stacked.values(True, True)))
 
-    for member, net in enumerate(nets):
-        assert_same_state(run_utils.network_state(stacked.data[member]), net.state_dict())
     saved = run_utils.optimizer_state(twin_optimizer, members=2)
     assert_same_state(saved, plain_optimizer.state_dict())
     reloaded = torch.optim.Adam(list(stacked.values(True, True)), lr=0.1)
     run_utils.load_optimizer_state(reloaded, saved, members=2)
     assert_same_state(reloaded.state_dict(), twin_optimizer.state_dict())
-    run_utils.load_network_state(stacked.data[1], nets[0].state_dict())
-    assert_same_state(run_utils.network_state(stacked.data[1]), nets[0].state_dict())
 
 
 def test_optimizer_state_settings_are_swapped():
@@ -173,7 +169,7 @@ def test_a_mistake_is_one_line_and_status_2(capsys, monkeypatch):
     ("domain", "inside", "outside"),
     [("> 0", [1e-9, 3.0], [0, -1.0]), (">= 0", [0, 0.5], [-1e-9]), (">= 1", [1, 8], [0, -1]),
      ("[0, 1]", [0, 0.5, 1], [-0.1, 1.5]), ("(0, 1]", [1e-9, 1], [0, 1.1]),
-     ("[0, 2**31)", [0, 2**31 - 1], [-1, 2**31])],
+     ("[0, 2147483647]", [0, 2**31 - 1], [-1, 2**31]), ("[0, 1)", [0, 0.5], [1, 1.5])],
 )  # fmt: skip
 def test_a_domain_holds_its_bounds_as_written(domain, inside, outside):
     assert all(run_utils.in_domain(value, domain) for value in inside), inside
