@@ -8,6 +8,7 @@ from there, as `python leanrl/<script>.py` does.
 
 import copy
 import os
+import signal
 
 import pytest
 import torch
@@ -98,6 +99,16 @@ def _float32_on_cuda():
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_kept():
+    """A test that leaves SIGINT or SIGTERM handled otherwise (ignored, say) hands that to the processes later tests
+    of its worker start: a tool that should stop on Ctrl-C would not."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    after = {signum: signal.getsignal(signum) for signum in before}
+    assert after == before, f"the test changed the signal handlers: {before} -> {after}"
 
 
 @pytest.fixture
