@@ -18,9 +18,9 @@
 #   envspeed benchmarks/env_speed.py: the PPO scripts' envs alone, random actions, and each PPO and PQN Atari
 #            variant's sps of the table stage against them; then Breakout's envs with each step's frames copied to the
 #            GPU, from pageable memory and through pinned memory as the Atari twins do (--frames): OUT_DIR/env_speed.md.
-#   atari    the Atari twins (PPO, PQN, the distributed one in a world of one) with --compile --cudagraphs at run.sh's
-#            quick budget, seed 1, one run at a time; then benchmarks/env_speed.py, Breakout's envs alone, with the
-#            runs' sps as a share of the envs' own speed (OUT_DIR/atari/, atari.md).
+#   atari    the Atari twins (PPO, PQN, the distributed one in a world of one) with --compile --cudagraphs, then with
+#            --bf16 too, at run.sh's quick budget, seed 1, one run at a time; then benchmarks/env_speed.py, Breakout's
+#            envs alone, with the runs' sps as a share of the envs' own speed (OUT_DIR/atari/, atari.md).
 #   learning SAC and TD3 twins, --compile --cudagraphs, HalfCheetah-v5, 300k steps (learning:STEPS: that many), seeds
 #            1 and 2, one run at a time (benchmarks/learning_curves.py records, with each episode's wall-clock time, in
 #            OUT_DIR/learning/<algo>/; a plot and a table of the minutes to a return of 5000 in OUT_DIR/learning/). Side
@@ -245,8 +245,10 @@ for stage in "${stages[@]}"; do
       for pair in ppo_atari_envpool pqn_atari_envpool ppo_atari_envpool_distributed; do
         steps=23552 # run.sh --quick's budgets: 3 burn-in + 20 rollouts of 8 x 128 (PQN: 25, 5 till captured)
         [[ $pair == pqn_atari_envpool ]] && steps=25600
-        "$python" "leanrl/${pair}_torchcompile.py" --total-timesteps $steps --compile --cudagraphs \
-          --seed 1 --results-path "$dir/atari.jsonl" >"$dir/$pair.log" 2>&1 || { echo "FAILED: $pair" >&2; status=1; }
+        for bf16 in "" --bf16; do # fp32, then the networks in bf16 (tensor cores)
+          "$python" "leanrl/${pair}_torchcompile.py" --total-timesteps $steps --compile --cudagraphs $bf16 --seed 1 \
+            --results-path "$dir/atari.jsonl" >"$dir/$pair$bf16.log" 2>&1 || { echo "FAILED: $pair $bf16" >&2; status=1; }
+        done
       done
       "$python" benchmarks/env_speed.py --scripts ppo_atari_envpool --repeats 3 --results "$dir/atari.jsonl" |
         tee "$dir/atari.md" || status=1

@@ -107,7 +107,7 @@ def variant(row):
     """The variant of a run: plain script, or twin plus the flags that were in effect (the recorded ones)."""
     if not row["script"].endswith("_torchcompile.py"):
         return "plain"
-    return "+".join(["twin"] + [flag for flag in ("compile", "cudagraphs") if row[flag]])
+    return "+".join(["twin"] + [flag for flag in ("compile", "cudagraphs", "bf16") if row.get(flag)])
 
 
 def values(rows, field):
@@ -138,15 +138,15 @@ def speedup(runs):
     return medians[best] / medians["plain"], best
 
 
-def table(groups, field, title, meaning):
-    header = ["algorithm", "env", "steps", "seeds", *VARIANTS] + (["speed-up"] if field == "sps" else [])
+def table(groups, variants, field, title, meaning):
+    header = ["algorithm", "env", "steps", "seeds", *variants] + (["speed-up"] if field == "sps" else [])
     lines = [f"### {title}", "", f"{meaning}; median [min, max] over seeds.", ""]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for (algo, env_id), runs in groups.items():
         rows = [row for variant_rows in runs.values() for row in variant_rows]
         steps = ", ".join(str(steps) for steps in sorted({row["total_timesteps"] for row in rows}))
         cells = [algo, env_id, steps, str(len({row["seed"] for row in rows}))]
-        cells += [cell(runs.get(name, []), field) for name in VARIANTS]
+        cells += [cell(runs.get(name, []), field) for name in variants]
         if field == "sps":
             found = speedup(runs)
             cells.append(f"{found[0]:.2f}x ({found[1]})" if found else "–")
@@ -173,7 +173,7 @@ def notes(rows):
     return lines
 
 
-def plot(groups, field, ylabel, title, path):
+def plot(groups, variants, field, ylabel, title, path):
     """One panel per algorithm and env: a bar (sps) or a point (return) at the median per variant, min-max whiskers,
     each seed a dot; on the sps plot, each bar is labelled with its speed-up over the plain script."""
     ncols = min(2, len(groups))
@@ -182,7 +182,7 @@ def plot(groups, field, ylabel, title, path):
     colors = plt.get_cmap("tab10").colors
     for ax, ((algo, env_id), runs) in zip(axes.flat, groups.items(), strict=False):
         plain = values(runs.get("plain", []), "sps")
-        for index, name in enumerate(VARIANTS):
+        for index, name in enumerate(variants):
             found = values(runs.get(name, []), field)
             if not found:
                 label = "n/a" if runs.get(name) else "not run"
@@ -213,8 +213,8 @@ def plot(groups, field, ylabel, title, path):
                 ax.plot(index, median, "o", color=colors[index], markersize=9)
             ax.errorbar(index, median, yerr=whiskers, color="black", capsize=4, linewidth=1)
             ax.plot([index] * len(found), found, ".", color="black", alpha=0.6)
-        ax.set_xticks(range(len(VARIANTS)), [name.replace("+", "\n+") for name in VARIANTS], fontsize=8)
-        ax.set_xlim(-0.6, len(VARIANTS) - 0.4)
+        ax.set_xticks(range(len(variants)), [name.replace("+", "\n+") for name in variants], fontsize=8)
+        ax.set_xlim(-0.6, len(variants) - 0.4)
         ax.set_title(f"{algo} on {env_id}")
         ax.set_ylabel(ylabel)
         ax.grid(axis="y", alpha=0.3)
@@ -232,6 +232,8 @@ def write_report(results_path, out_dir):
     groups = defaultdict(lambda: defaultdict(list))
     for row in rows:
         groups[row["algo"], row["env_id"]][variant(row)].append(row)
+    # The five variants run.sh runs, then any bf16 ones the results hold (the Atari twins' --bf16).
+    variants = VARIANTS + tuple(sorted({variant(row) for row in rows} - set(VARIANTS)))
 
     machine_path = results_path.parent / "machine.json"
     if machine_path.is_file():
@@ -253,7 +255,7 @@ def write_report(results_path, out_dir):
         "",
     ]
     for field, title, meaning in TABLES:
-        lines += table(groups, field, title, meaning) + [""]
+        lines += table(groups, variants, field, title, meaning) + [""]
     remarks = notes(rows)
     failed_path = results_path.parent / "failed.txt"  # run.sh lists there the runs that wrote no results line
     if failed_path.is_file():
@@ -267,6 +269,7 @@ def write_report(results_path, out_dir):
     (out_dir / "speedup.md").write_text("\n".join(lines))
     plot(
         groups,
+        variants,
         "sps",
         "steps per second (steady state)",
         "Steady-state training speed per variant\n(bars: median over seeds, whiskers: min-max, dots: seeds)",
@@ -274,6 +277,7 @@ def write_report(results_path, out_dir):
     )
     plot(
         groups,
+        variants,
         "final_return",
         "final return (mean of last 20 episodes)",
         "Final return per variant: speed should not cost learning\n(median over seeds, whiskers: min-max, dots: seeds)",

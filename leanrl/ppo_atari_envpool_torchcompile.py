@@ -1,5 +1,5 @@
 # Proximal Policy Optimization on Atari (envpool), written for speed: the same agent and flags as
-# ppo_atari_envpool.py, plus --compile and --cudagraphs. `diff` the two files to see the speed tricks.
+# ppo_atari_envpool.py, plus --compile, --cudagraphs and --bf16. `diff` the two files to see the speed tricks.
 import os
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -67,6 +67,9 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """if toggled, the update, action selection and advantage estimation are compiled with torch.compile"""
     cudagraphs: bool = False
     """if toggled, the update, action selection and advantage estimation are captured in CUDA graphs (CUDA only)"""
+    bf16: bool = False
+    """if toggled, the networks' forward and backward passes run in bf16 (autocast) where the device computes bf16
+    natively (a CUDA GPU of compute capability 8+, a CPU with AMX or AVX512-BF16); weights and optimizer stay fp32"""
 
 
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
@@ -150,16 +153,17 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
+    # .float(): under --bf16 the heads' outputs back to fp32, so the distribution and the losses are computed in fp32.
     def get_value(self, x):
-        return self.critic(self.network(x / 255.0))
+        return self.critic(self.network(x / 255.0)).float()
 
     def get_action_and_value(self, x, action=None):
         hidden = self.network(x / 255.0)
-        logits = self.actor(hidden)
+        logits = self.actor(hidden).float()
         probs = Categorical(logits=logits, validate_args=False)
         if action is None:
             action = probs.sample()
-        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).float()
 
 
 def compute_advantages(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
@@ -211,7 +215,9 @@ def build_ppo(num_actions, args, device):
         obs, actions, logprobs = minibatch["obs"], minibatch["actions"], minibatch["logprobs"]
         advantages, returns, values = minibatch["advantages"], minibatch["returns"], minibatch["values"]
         mask = minibatch["mask"]  # 0 for envpool's reset steps (see the rollout), 1 elsewhere
-        _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+        # --bf16: the convolutions and matmuls in bf16, on the device's bf16 units (AMX, AVX512-BF16, tensor cores).
+        with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+            _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
         logratio = newlogprob - logprobs
         ratio = logratio.exp()
         with torch.no_grad():
@@ -263,12 +269,12 @@ def build_ppo(num_actions, args, device):
         return losses
 
     def policy(obs):
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
             action, logprob, _, value = acting_agent.get_action_and_value(obs)
         return action, logprob, value.flatten()
 
     def value(obs):
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
             return acting_agent.get_value(obs).flatten()
 
     # The learning rate as a Python float too: checkpoints hold it as the plain script does, not its float32 rounding.

@@ -1,5 +1,5 @@
 # Parallelised Q-learning (PQN) on Atari (envpool), written for speed: the same agent and flags as
-# pqn_atari_envpool.py, plus --compile and --cudagraphs. `diff` the two files to see the speed tricks.
+# pqn_atari_envpool.py, plus --compile, --cudagraphs and --bf16. `diff` the two files to see the speed tricks.
 # PQN (Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning") is DQN without a replay buffer and
 # without a target network: many envs fill an on-policy rollout, a Q network with LayerNorm (which keeps its
 # bootstrapped targets stable) regresses onto the rollout's Q(lambda) returns for a few epochs, and the rollout goes.
@@ -64,6 +64,9 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """if toggled, the update, action selection and Q(lambda) targets are compiled (on a CPU the targets only)"""
     cudagraphs: bool = False
     """if toggled, the update, action selection and Q(lambda) targets are captured in CUDA graphs (CUDA only)"""
+    bf16: bool = False
+    """if toggled, the Q network's forward and backward passes run in bf16 (autocast) where the device computes bf16
+    natively (a CUDA GPU of compute capability 8+, a CPU with AMX or AVX512-BF16); weights and optimizer stay fp32"""
 
 
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
@@ -186,7 +189,7 @@ class QNetwork(nn.Module):
         )
 
     def forward(self, x):
-        return self.network(x / 255.0)
+        return self.network(x / 255.0).float()  # under --bf16 the Q values back to fp32, for the loss and the argmax
 
 
 def epsilon_greedy(q_values, epsilon):
@@ -248,7 +251,9 @@ def build_pqn(num_actions, args, device):
     def loss_backward(minibatch):
         obs, actions, returns = minibatch["obs"], minibatch["actions"], minibatch["returns"]
         mask = minibatch["mask"]  # 0 for envpool's reset steps (see the rollout), 1 elsewhere
-        q_values = qnet(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
+        # --bf16: the convolutions and matmuls in bf16, on the device's bf16 units (AMX, AVX512-BF16, tensor cores).
+        with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+            q_values = qnet(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
         loss = masked_mean((q_values - returns) ** 2, mask)
 
         loss.backward()
@@ -266,12 +271,12 @@ def build_pqn(num_actions, args, device):
     # epsilon: a 0-d tensor, written in place each step (a changing Python float would recompile).
     def policy(obs, epsilon):
         """The epsilon-greedy actions and the best Q value of each observation."""
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
             q_values = acting_qnet(obs)
         return epsilon_greedy(q_values, epsilon), q_values.max(1).values
 
     def value(obs):
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
             return acting_qnet(obs).max(1).values
 
     # The learning rate as a Python float too: checkpoints hold it as the plain script does, not its float32 rounding.

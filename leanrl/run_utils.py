@@ -73,7 +73,7 @@ class Run:
         self.total_steps, self.make_eval_env, self.unit = total_steps, make_eval_env, unit
         self.schedule, self.ended_early, self.distributed = schedule, ended_early, distributed
         # The fields a script's Args adds, but the twins' speed flags: what makes the agent, which --resume keeps.
-        not_the_agents = {field.name for field in fields(RunArgs)} | {"compile", "cudagraphs"}
+        not_the_agents = {field.name for field in fields(RunArgs)} | {"compile", "cudagraphs", "bf16"}
         self.hyperparameters = [field.name for field in fields(args) if field.name not in not_the_agents]
         self.rank, self.world_size, local_world_size = world()
         self.check_flags()
@@ -146,6 +146,11 @@ class Run:
         if getattr(self.args, "cudagraphs", False) and not use_cuda:  # the twins' flag
             print(f"{self.script}: --cudagraphs needs a CUDA device; cudagraphs are off for this run", file=sys.stderr)
             self.args.cudagraphs = False
+        if getattr(self.args, "bf16", False) and not native_bf16(device):  # the Atari twins' flag
+            print(f"{self.script}: --bf16 needs a device that computes bf16 natively (a CUDA GPU of compute capability "
+                  f"8+, a CPU with AMX or AVX512-BF16), which {device} is not; bf16 is off for this run",
+                  file=sys.stderr)  # fmt: skip
+            self.args.bf16 = False
         return device
 
     def load_checkpoint(self, path):
@@ -293,6 +298,7 @@ class Run:
             "seed": args.seed,
             "compile": getattr(args, "compile", False),
             "cudagraphs": getattr(args, "cudagraphs", False),
+            "bf16": getattr(args, "bf16", False),
             "device": str(self.device),
             "torch_version": torch.__version__,
             "total_timesteps": self.total_steps,
@@ -349,6 +355,14 @@ def world():
     """This process's rank, the number of processes and those on this machine (torchrun's variables; else 0, 1, 1)."""
     return tuple(int(os.environ.get(name, default)) for name, default in
                  (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1)))  # fmt: skip
+
+
+def native_bf16(device):
+    """Whether the device computes bf16 natively, at about twice its fp32 rate: a CUDA GPU of compute capability 8 or
+    more (tensor cores), a CPU with AMX or AVX512-BF16 (oneDNN's bf16 kernels). Elsewhere bf16 is emulated, slower."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device)[0] >= 8
+    return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
 
 
 def exit_with_error(message):

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import run_utils
 import torch
 from helpers import (
     REPO_ROOT,
@@ -241,18 +242,20 @@ def check_cudagraphs_message(completed, asked_for_cudagraphs, on_cuda=False):
 # --- Checks every pair's tests run the same way: flags, bad input, determinism, the results line ----------------
 
 TWIN_ONLY_FIELDS = {"compile", "cudagraphs"}
+ATARI_TWIN_ONLY_FIELDS = TWIN_ONLY_FIELDS | {"bf16"}  # the Atari twins' networks are big enough for bf16 to pay
 COMMON_FIELDS = ("exp_name", "seed", "torch_deterministic", "cuda", "track", "wandb_project_name", "wandb_entity",
                  "env_id", "total_timesteps", "measure_burnin", "results_path", "save_model", "model_path",
                  "checkpoint_every", "resume", "eval_episodes", "capture_video")  # fmt: skip
 
 
-def check_args_of_the_pair_match(plain_name, twin_name, expected_defaults):
-    """The twin has the plain script's fields (same order, types, defaults) plus compile and cudagraphs (False).
+def check_args_of_the_pair_match(plain_name, twin_name, expected_defaults, twin_only=TWIN_ONLY_FIELDS):
+    """The twin has the plain script's fields (same order, types, defaults) plus its speed flags (all False):
+    compile and cudagraphs, and bf16 in the Atari twins.
 
     Both have the fields every script has (CONVENTIONS.md); expected_defaults: {field: CleanRL's default}.
     """
     plain, twin = args_fields(load_script(plain_name)), args_fields(load_script(twin_name))
-    assert set(twin) - set(plain) == TWIN_ONLY_FIELDS
+    assert set(twin) - set(plain) == twin_only
     assert set(plain) <= set(twin)
     assert [name for name in twin if name in plain] == list(plain), "shared fields in another order"
     for name, field in plain.items():
@@ -261,7 +264,7 @@ def check_args_of_the_pair_match(plain_name, twin_name, expected_defaults):
             assert field_default(field) == plain_name and field_default(twin[name]) == twin_name
         else:
             assert field_default(twin[name]) == field_default(field), f"{name}: defaults differ"
-    for name in TWIN_ONLY_FIELDS:
+    for name in twin_only:
         assert twin[name].type in (bool, "bool") and field_default(twin[name]) is False, name
 
     for name in COMMON_FIELDS:
@@ -404,6 +407,59 @@ def check_twin_runs_with_every_flag_combination(twin, algo, tmp_path, tiny=TINY_
     # Without CUDA, --cudagraphs is off: the run is the one without it, return for return (same seed).
     assert by_flags[("--cudagraphs",)]["final_return"] == by_flags[()]["final_return"]
     assert by_flags[("--compile", "--cudagraphs")]["final_return"] == by_flags[("--compile",)]["final_return"]
+    if "bf16" in args_fields(load_script(twin)):
+        check_bf16_run(twin, tiny, results, by_flags[()])
+
+
+def check_bf16_run(twin, tiny, results, fp32_result):
+    """--bf16 on the CPU: on one that computes bf16 natively (AMX, AVX512-BF16) it is on, recorded, and says nothing;
+    elsewhere one line says it is off, and the run is the fp32 one, return for return."""
+    flags = (*tiny.flags, "--seed", "1", "--results-path", results, "--bf16")
+    completed = run_script_in_process(twin, *flags, env=tiny.env)
+    assert completed.returncode == 0 and "Traceback" not in completed.stderr, describe(completed)
+    result, mentions = read_results(results)[-1], [line for line in output_lines(completed) if "bf16" in line]
+    if run_utils.native_bf16(torch.device("cpu")):
+        assert result["bf16"] is True and not mentions, mentions
+    else:
+        assert len(mentions) == 1 and "bf16 is off for this run" in mentions[0], mentions
+        assert result["bf16"] is False and result["final_return"] == fp32_result["final_return"]
+
+
+def check_bf16_update_is_fp32_within_rounding(builds, update, network, batches, value, variants=("eager",)):
+    """One update from the same parameters on the same minibatch in bf16 autocast, eager (and compiled if among the
+    variants), is the fp32 update within bf16's rounding: builds(**overrides) -> a twin's agent (the same parameters
+    each time), update(agent, batch) -> losses, network(agent) -> its nn.Module, value(agent, obs) -> acting's values.
+
+    The tolerance: bf16 keeps 8 significant bits (a relative rounding of 2**-9, 0.2%) and its products are summed in
+    fp32, so each layer's output moves by a few tenths of a percent and the losses, after five layers, by about 1%:
+    they must agree to 5% (plus 0.02 for those near 0), as the values do, and each parameter's gradient must point
+    the fp32 one's way (cosine above 0.99). The gradients of another minibatch do not (the check can fail). Weights,
+    gradients and the optimizer's state stay fp32: a checkpoint holds what the fp32 twin's holds."""
+    fp32, bf16s = builds(), {label: builds(bf16=True, compile=label == "compiled") for label in variants}
+    losses = detached_losses(update(fp32, batches[0]))
+    grads = {name: param.grad.clone() for name, param in network(fp32).named_parameters()}
+    dtypes = {name: tensor.dtype for name, tensor in network(fp32).state_dict().items()}
+    other = builds()
+    update(other, batches[1])
+    other_cosines = [cosine(param.grad, grads[name]) for name, param in network(other).named_parameters()]
+    assert min(other_cosines) < 0.99, "another minibatch's gradients pass the check: it proves nothing"
+    for label, bf16 in bf16s.items():
+        bf16_losses = detached_losses(update(bf16, batches[0]))
+        assert_leaves_close(bf16_losses, losses, f"bf16 {label} losses", rtol=0.05, atol=0.02)
+        for name, param in network(bf16).named_parameters():
+            assert param.grad.dtype == torch.float32, (name, param.grad.dtype)
+            assert cosine(param.grad, grads[name]) > 0.99, f"bf16 {label}: {name}'s gradient is off the fp32 one's"
+        obs = batches[0]["obs"]
+        torch.testing.assert_close(value(bf16, obs), value(fp32, obs), rtol=0.05, atol=0.02)
+        assert {name: tensor.dtype for name, tensor in network(bf16).state_dict().items()} == dtypes
+
+
+def cosine(x, y):
+    return torch.nn.functional.cosine_similarity(x.flatten(), y.flatten(), dim=0)
+
+
+def detached_losses(losses):
+    return {key: value.detach().clone() for key, value in losses.items()}
 
 
 def check_twin_runs_with_cudagraphs_on_cuda(twin, algo, tmp_path, tiny=TINY_RUN):

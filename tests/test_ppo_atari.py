@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from checks import (
+    ATARI_TWIN_ONLY_FIELDS,
     ATOL,
     RTOL,
     SameUpdates,
@@ -24,6 +25,7 @@ from checks import (
     check_bad_checkpoints_are_refused,
     check_bad_input,
     check_bad_input_in_process,
+    check_bf16_update_is_fp32_within_rounding,
     check_checkpoints_load_across_the_pair,
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
@@ -287,6 +289,19 @@ def test_twin_compiled_update_policy_and_gae_match_eager(device, inductor_fallba
     torch.testing.assert_close(compiled.gae(**rollout), eager.gae(**rollout), rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_bf16_update_and_values_are_fp32_within_rounding(device, inductor_fallback_random):
+    module = load_script(TWIN)
+    check_bf16_update_is_fp32_within_rounding(
+        lambda **overrides: build(module, device, **overrides),
+        lambda ppo, batch: call_update(ppo, TWIN, batch),
+        lambda ppo: ppo.agent,
+        [random_minibatch(seed=500, device=device), random_minibatch(seed=501, device=device)],
+        lambda ppo, obs: ppo.value(obs),
+        variants=("eager", "compiled"),
+    )
+
+
 @requires_cuda
 def test_twin_captured_update_policy_and_gae_match_uncaptured(inductor_fallback_random):
     """CudaGraphModule(warmup=5): calls 1-4 run eagerly on a side stream, call 5 runs once and records the graph,
@@ -391,13 +406,13 @@ def test_twin_eager_update_matches_plain(device):
 # --- 4. Flags -------------------------------------------------------------------------------------------------------
 
 
-def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
+def test_args_of_the_pair_match_but_for_the_speed_flags():
     # The flags every script has are checked in checks.py; here CleanRL's ppo_atari_envpool hyper-parameters.
     expected = dict(env_id="Breakout-v5", total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128,
                     anneal_lr=True, gamma=0.99, gae_lambda=0.95, num_minibatches=4, update_epochs=4, norm_adv=True,
                     clip_coef=0.1, clip_vloss=True, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5,
                     target_kl=None)  # fmt: skip
-    check_args_of_the_pair_match(PLAIN, TWIN, expected)
+    check_args_of_the_pair_match(PLAIN, TWIN, expected, twin_only=ATARI_TWIN_ONLY_FIELDS)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

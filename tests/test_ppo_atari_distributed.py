@@ -23,12 +23,14 @@ import run_utils
 import torch
 import torch.distributed as dist
 from checks import (
+    ATARI_TWIN_ONLY_FIELDS,
     SameUpdates,
     assert_leaves_close,
     assert_same_state,
     check_args_of_the_pair_match,
     check_bad_checkpoints_are_refused,
     check_bad_input_in_process,
+    check_bf16_update_is_fp32_within_rounding,
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
     check_resume_continues_the_run,
@@ -300,15 +302,26 @@ def test_twin_updates_match(name, overrides, world_of_one, inductor_fallback_ran
         other.set_learning_rate(lr * 0.5)
 
 
+def test_twin_bf16_update_and_values_are_fp32_within_rounding(world_of_one):
+    module = load_script(TWIN)
+    check_bf16_update_is_fp32_within_rounding(
+        lambda **overrides: build(module, world_of_one, **overrides),
+        lambda ppo, batch: update(ppo, TWIN, batch),
+        lambda ppo: ppo.agent,
+        [random_minibatch(seed=500, device=world_of_one), random_minibatch(seed=501, device=world_of_one)],
+        lambda ppo, obs: ppo.value(obs),
+    )
+
+
 # --- 5. Flags, bad input, a lost rank, signals -----------------------------------------------------------------
 
 
 def test_args_of_the_pair_match_and_are_those_of_the_single_process_pair():
-    """The twin has the plain script's flags plus compile and cudagraphs; both have exactly the single-process pair's
+    """The twin has the plain script's flags plus its speed flags; both have exactly the single-process pair's
     flags, with the same defaults (--num-envs is the number of envs over all ranks)."""
     expected = dict(env_id="Breakout-v5", total_timesteps=10_000_000, num_envs=8, num_steps=128, num_minibatches=4,
                     update_epochs=4, target_kl=None)  # fmt: skip
-    check_args_of_the_pair_match(PLAIN, TWIN, expected)
+    check_args_of_the_pair_match(PLAIN, TWIN, expected, twin_only=ATARI_TWIN_ONLY_FIELDS)
     for name in SCRIPTS:
         fields, single_fields = args_fields(load_script(name)), args_fields(load_script(SINGLE_PROCESS[name]))
         assert list(fields) == list(single_fields)

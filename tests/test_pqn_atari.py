@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from checks import (
+    ATARI_TWIN_ONLY_FIELDS,
     ATOL,
     RTOL,
     SameUpdates,
@@ -30,6 +31,7 @@ from checks import (
     check_args_of_the_pair_match,
     check_bad_input,
     check_bad_input_in_process,
+    check_bf16_update_is_fp32_within_rounding,
     check_checkpoints_load_across_the_pair,
     check_every_flag_has_a_docstring_shown_by_help,
     check_plain_results_line_is_appended,
@@ -271,6 +273,18 @@ def test_twin_eager_matches_plain(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_twin_bf16_update_and_values_are_fp32_within_rounding(device):
+    module = load_script(TWIN)
+    check_bf16_update_is_fp32_within_rounding(
+        lambda **overrides: build(module, device, **overrides),
+        lambda pqn, batch: call_update(pqn, TWIN, batch),
+        lambda pqn: pqn.qnet,
+        [random_minibatch(seed=500, device=device), random_minibatch(seed=501, device=device)],
+        lambda pqn, obs: pqn.value(obs),
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_twin_compiled_matches_eager(device, inductor_fallback_random):
     """The compiled update (forward and backward in one graph), policy, value and Q(lambda) returns compute the
     eager twin's, round after round, with the learning rate annealed in place between rounds."""
@@ -350,12 +364,12 @@ def test_twin_captured_matches_uncaptured(inductor_fallback_random):
 # --- 4. Flags and bad input ---------------------------------------------------------------------------------------
 
 
-def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
+def test_args_of_the_pair_match_but_for_the_speed_flags():
     # The flags every script has are checked in checks.py; here CleanRL's pqn_atari_envpool hyper-parameters.
     expected = dict(env_id="Breakout-v5", total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128,
                     anneal_lr=True, gamma=0.99, num_minibatches=4, update_epochs=4, max_grad_norm=10.0, start_e=1.0,
                     end_e=0.01, exploration_fraction=0.10, q_lambda=0.65)  # fmt: skip
-    check_args_of_the_pair_match(PLAIN, TWIN, expected)
+    check_args_of_the_pair_match(PLAIN, TWIN, expected, twin_only=ATARI_TWIN_ONLY_FIELDS)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

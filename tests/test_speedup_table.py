@@ -162,14 +162,18 @@ def test_plots_are_pngs(hand_made_report):
 
 
 def test_defaults_write_beside_the_results_and_describe_this_machine(tmp_path):
-    """Without --out, the files go beside the results; without machine.json, this machine is described."""
-    results = write_results(tmp_path / "results.jsonl", HAND_MADE[:3])
-    completed = run_tool(results)
+    """Without --out, the files go beside the results; without machine.json, this machine is described. A --bf16 run
+    (an Atari twin's) is a variant of its own, with its column."""
+    bf16 = dict(result("pqn_atari_envpool", "pqn_atari", "Breakout-v5", "twin+compile", 1, 600.0), bf16=True)
+    rows = [*HAND_MADE[:3], result("pqn_atari_envpool", "pqn_atari", "Breakout-v5", "plain", 1, 300.0), bf16]
+    completed = run_tool(write_results(tmp_path / "results.jsonl", rows))
     assert completed.returncode == 0, describe(completed)
     text = (tmp_path / "speedup.md").read_text()
     assert f"{os.cpu_count()} cores" in text and "not recorded with the results" in text
-    assert markdown_table(text, "Training speed")["sac", "HalfCheetah-v5"]["twin"] == "not run"
-    assert markdown_table(text, "Training speed")["sac", "HalfCheetah-v5"]["speed-up"] == "–"
+    table = markdown_table(text, "Training speed")
+    sac, pqn = table["sac", "HalfCheetah-v5"], table["pqn_atari", "Breakout-v5"]
+    assert (sac["twin"], sac["twin+compile+bf16"], sac["speed-up"]) == ("not run", "not run", "–")
+    assert (pqn["twin+compile+bf16"], pqn["speed-up"]) == ("600.0", "2.00x (twin+compile+bf16)")
     assert_png(tmp_path / "sps.png")
     assert "Notes:" not in text
 
