@@ -25,6 +25,7 @@ TESTED_ELSEWHERE = {
     "env_speed.py": "tests/test_env_speed.py (a subprocess over the PPO scripts' envs, with hand-made results)",
     "learning_curves.py": "tests/test_learning_curves.py (run, record, plot and table, in subprocesses)",
     "loop_breakdown.py": "tests/test_loop_breakdown.py (a subprocess per SAC and TD3 script, three on-policy ones)",
+    "peers.py": "tests/test_peers.py (a subprocess over fake clones of LeanRL and CleanRL and fake scripts of ours)",
     "rpc_agent_observer.py": "tests/test_rpc_agent_observer.py (worlds of processes, in a subprocess)",
     "speedup_table.py": "tests/test_speedup_table.py (a subprocess over hand-made results; run.sh --tiny)",
 }

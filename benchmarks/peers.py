@@ -1,0 +1,724 @@
+"""Our twins beside their peers: LeanRL's _torchcompile scripts and CleanRL's JAX scripts, run on this machine in turn
+with ours, with the same budgets, one run at a time; a table of their steady-state sps and the ratios of the medians.
+
+    python benchmarks/peers.py --leanrl ~/LeanRL --cleanrl ~/cleanrl                # every pair, seeds 1 2 3
+    python benchmarks/peers.py --leanrl ~/LeanRL --pairs leanrl-sac --seeds 1 --tiny  # minutes: does it run here?
+    python benchmarks/peers.py --leanrl ~/LeanRL --cleanrl ~/cleanrl --apply-only   # only write the edited copies
+
+--leanrl and --cleanrl are local clones of github.com/pytorch-labs/LeanRL and github.com/vwxyzjn/cleanrl; only the
+scripts of the pairs asked for are read, and a clone is never written to. Their scripts were written for the gym,
+torch and tensordict of their day: each is copied into DIR/peers/ and edited there by the edits listed in PEERS, the
+smallest changes today's libraries need, each an exact text replaced (one that is not found: one line naming it, exit
+status 2, nothing run). docs/peers.md lists them with their reasons; each copy's diff is written beside it. A clone's
+script that is not the version the edits were written against (its commit and git blob below) gets a warning line.
+
+Per seed, per pair, our twin (from --ours, default this repository's leanrl/) and theirs run in turn, ours first for
+the 1st, 3rd, ... seed and theirs first for the others, with the same budget flags (--tiny: a few hundred steps, to
+check that everything runs). A run that fails (exit status, no sps in its output, past --timeout) is reported with a
+one-line reason; where the pair has a fallback (LeanRL's SAC and TD3 with --compile die in dynamo on torch 2.13: their
+eager run), the fallback runs next. sps: ours, the steady-state sps of our results line (--results-path); theirs, as
+PEERS says for each: LeanRL's progress bar's last figure; CleanRL's scripts print an sps counted from step 0 (the JIT
+compile and the random warm-up with it), so an edit prints each of those points' global step and clock, and the sps
+is taken between the first point past the warm-up and the last.
+
+Writes DIR/peers.jsonl (every run, as it ends), DIR/peers.md (machine, clones, budgets, per pair the medians over seeds
+of ours and theirs, their ratio, each seed's figures, the failed runs, the edits) and DIR/logs/ (each run's output).
+Their runs get WANDB_MODE=disabled (LeanRL's scripts call wandb.init whatever their flags) and work in DIR/work/ (where
+CleanRL's scripts write their TensorBoard runs/). Exit status: 0 when every run ran, 1 when a run failed (the table is
+still written), 2 for a bad option or an edit that does not apply.
+"""
+
+import argparse
+import difflib
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections import namedtuple
+from pathlib import Path
+
+from speedup_table import describe_machine, fail, machine_text  # benchmarks/ is on the path when this file runs
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PEER_REPOS = {  # --option: (name, upstream)
+    "leanrl": ("LeanRL", "github.com/pytorch-labs/LeanRL"),
+    "cleanrl": ("CleanRL", "github.com/vwxyzjn/cleanrl"),
+}
+
+# An edit of a peer script: `old` must be found exactly `count` times, and each becomes `new`.
+Edit = namedtuple("Edit", "name reason old new count", defaults=(1,))
+
+SAME_STEP_REASON = (
+    "gymnasium 1.x resets an ended env on the next step by default; the script expects the reset in the same step, "
+    "with the ended episode's last observation and info in final_obs and final_info"
+)
+SAME_STEP_ONE_ENV = Edit(
+    "same-step-autoreset",
+    SAME_STEP_REASON,
+    "[make_env(args.env_id, args.seed, 0, args.capture_video, run_name)])",
+    "[make_env(args.env_id, args.seed, 0, args.capture_video, run_name)], "
+    "autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)",
+)
+SAME_STEP_N_ENVS = Edit(
+    "same-step-autoreset",
+    SAME_STEP_REASON,
+    "for i in range(args.num_envs)]\n    )",
+    "for i in range(args.num_envs)],\n        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,\n    )",
+)
+FINAL_OBS = Edit(
+    "final-obs",
+    "gymnasium 1.x names an ended episode's last observation final_obs (final_observation before)",
+    'infos["final_observation"][idx]',
+    'infos["final_obs"][idx]',
+)
+FINAL_INFO_REASON = (
+    "gymnasium 1.x gives final_info as one dict of arrays over the envs, with a mask of the envs whose episode ended "
+    "(_episode), not a list of one dict per env"
+)
+ENDED_RETURNS = '            for r in infos["final_info"]["episode"]["r"][infos["final_info"]["_episode"]]:\n'
+FINAL_INFO_RESHAPED = Edit(
+    "final-info-dict",
+    FINAL_INFO_REASON + ": the returns of the ended episodes are read through that mask",
+    '            for info in infos["final_info"]:\n                r = float(info["episode"]["r"].reshape(()))\n',
+    ENDED_RETURNS + "                r = float(r)\n",
+)
+FINAL_INFO_FLOAT = Edit(
+    "final-info-dict",
+    FINAL_INFO_REASON + ": the returns of the ended episodes are read through that mask",
+    '            for info in infos["final_info"]:\n                r = float(info["episode"]["r"])\n',
+    ENDED_RETURNS + "                r = float(r)\n",
+)
+FINAL_INFO_ONE_ENV = Edit(
+    "final-info-dict",
+    FINAL_INFO_REASON + ": the script steps one env, whose info that dict is, so it stands for the list",
+    '            for info in infos["final_info"]:\n',
+    '            for info in [infos["final_info"]]:\n',
+)
+GYMNASIUM_IMPORT = Edit(
+    "gymnasium-import",
+    "gym is not installed (gym 0.26 does not run on numpy 2); envpool 1.2.5 makes gymnasium envs (env_type 'gym' "
+    "is its alias for 'gymnasium'), whose spaces the script's assert checks",
+    "\nimport gym\n",
+    "\nimport gymnasium as gym\n",
+)
+ENVPOOL_PROPERTIES_REASON = (
+    "envpool 1.2.5's envs have these attributes as read-only properties, with the values the script sets"
+)
+DETACHED_REASON = (
+    "tensordict 0.15's to_module turns a plain tensor written over a parameter into a parameter that requires grad "
+    "(preserve_module_state=True, its new default); the script writes detached weights (an acting copy, targets), "
+    "which stay plain, as they were written to be, with preserve_module_state=False"
+)
+
+
+def detached(call):
+    """The to_module call `call(...)` (its text up to the closing parenthesis) with preserve_module_state=False."""
+    return Edit("to_module-detached", DETACHED_REASON, call + ")", call + ", preserve_module_state=False)")
+
+
+# CleanRL's scripts print an sps counted from step 0; this line after it gives each point's global step and clock.
+POINT_PRINT = 'print(f"peers.py: global_step={global_step} time={time.perf_counter():.6f}")'
+POINT = re.compile(r"^peers\.py: global_step=(\d+) time=(\d+\.\d+)$", re.MULTILINE)
+PRINTED_SPS = re.compile(r"^SPS: (\d+)$", re.MULTILINE)
+
+
+def sps_points(indent):
+    old = " " * indent + 'print("SPS:", int(global_step / (time.time() - start_time)))\n'
+    return Edit(
+        "sps-points",
+        "its SPS counts from step 0, with the JIT compile and the random warm-up: a line with each point's global "
+        "step and clock (time.perf_counter) gives the steady-state sps between two points",
+        old,
+        old + " " * indent + POINT_PRINT + "\n",
+    )
+
+
+LEANRL_SPS = "its progress bar's last sps"
+# Each pair: their script (repo, path, the commit the edits were written against and its git blob), our twin, the
+# budget flags both get (the real measurement's and --tiny's), ours' flags, theirs' variants (label, flags: the first
+# is the measurement, the others fallbacks run after it fails), how their sps is read, and the edits.
+PEERS = {
+    "leanrl-ppo_atari": dict(
+        repo="leanrl",
+        path="leanrl/ppo_atari_envpool_torchcompile.py",
+        commit="b9316cd93390550352eb23f105c9aa3020ac2826",
+        blob="f85427b2a300c67e69fa28b75937d317ec54a55a",
+        ours="ppo_atari_envpool_torchcompile.py",
+        budget="--env-id Breakout-v5 --total-timesteps 20480",  # 20 iterations: their sps is printed at 10 and 20
+        tiny="--env-id Breakout-v5 --num-envs 2 --num-steps 32 --update-epochs 1 --total-timesteps 640",
+        ours_flags="--compile",
+        theirs=(("--compile", "--compile"),),
+        sps="last",
+        pattern=r"speed:\s*(\d+\.\d+) sps",
+        sps_text=LEANRL_SPS + ": the mean over its last 10 iterations (it restarts its clock every 10)",
+        edits=(
+            GYMNASIUM_IMPORT,
+            Edit(
+                "envpool-properties",
+                ENVPOOL_PROPERTIES_REASON,
+                "    envs.num_envs = args.num_envs\n"
+                "    envs.single_action_space = envs.action_space\n"
+                "    envs.single_observation_space = envs.observation_space\n",
+                "",
+            ),
+            Edit(
+                "wrapper-attribute",
+                "gymnasium 1.x wrappers do not pass on their env's attributes; the agent reads single_action_space "
+                "through the script's episode-statistics wrapper",
+                '        self.num_envs = getattr(env, "num_envs", 1)\n',
+                '        self.num_envs = getattr(env, "num_envs", 1)\n'
+                "        self.single_action_space = env.single_action_space\n",
+            ),
+            Edit(
+                "five-tuple",
+                "gymnasium's step returns terminated and truncated apart; the script's done is either",
+                "        observations, rewards, dones, infos = super().step(action)\n",
+                "        observations, rewards, terminations, truncations, infos = super().step(action)\n"
+                "        dones = terminations | truncations\n",
+            ),
+            Edit(
+                "reset-info",
+                "gymnasium's reset returns (observations, info)",
+                "torch.tensor(envs.reset(), ",
+                "torch.tensor(envs.reset()[0], ",
+            ),
+            detached("agent_inference_p.to_module(agent_inference"),
+        ),
+    ),
+    "leanrl-ppo_continuous": dict(
+        repo="leanrl",
+        path="leanrl/ppo_continuous_action_torchcompile.py",
+        commit="20bfe6794aa488e896ae51588164ac5b4d865a9f",
+        blob="9eff17802da2827368fa787bbb03aa440e8493ed",
+        ours="ppo_continuous_action_torchcompile.py",
+        budget="--env-id HalfCheetah-v5 --total-timesteps 40960",  # 20 iterations: their sps is printed at 10 and 20
+        tiny="--env-id Pendulum-v1 --num-steps 64 --num-minibatches 2 --update-epochs 1 --total-timesteps 640",
+        ours_flags="--compile",
+        theirs=(("--compile", "--compile"),),
+        sps="last",
+        pattern=r"speed:\s*(\d+\.\d+) sps",
+        sps_text=LEANRL_SPS + ": the mean since its burn-in",
+        edits=(
+            SAME_STEP_N_ENVS,
+            FINAL_INFO_RESHAPED,
+            Edit(
+                "transform-observation-space",
+                "gymnasium 1.x's TransformObservation takes the space of the new observations (clipping keeps it)",
+                "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))",
+                "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)",
+            ),
+            detached("agent_inference_p.to_module(agent_inference"),
+        ),
+    ),
+    "leanrl-sac": dict(
+        repo="leanrl",
+        path="leanrl/sac_continuous_action_torchcompile.py",
+        commit="6f8728ec4f0243ead5401eb35aafd6ffbb5bb3de",
+        blob="6bf4daa37e2a42cca83f79d94a5b37bb3d1c9eee",
+        ours="sac_continuous_action_torchcompile.py",
+        budget="--env-id HalfCheetah-v5 --learning-starts 1000 --total-timesteps 4000",
+        tiny="--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 500",
+        ours_flags="--compile",
+        theirs=(("--compile", "--compile"), ("eager", "")),
+        sps="last",
+        pattern=r"(\d+\.\d{4}) sps, ",
+        sps_text=LEANRL_SPS + ": the mean since its burn-in, past the random warm-up",
+        edits=(
+            SAME_STEP_ONE_ENV,
+            FINAL_INFO_FLOAT,
+            Edit(
+                "final-obs",
+                FINAL_OBS.reason,
+                'torch.as_tensor(infos["final_observation"][idx], ',
+                'torch.as_tensor(infos["final_obs"][idx], ',
+            ),
+            Edit(
+                "policy-out-keys",
+                "tensordict 0.15 wants an out_key for each output of a module (get_action returns three); "
+                "select_out_keys keeps the policy returning the action alone",
+                'in_keys=["observation"], out_keys=["action"])',
+                'in_keys=["observation"], out_keys=["action", "log_prob", "mean"]).select_out_keys("action")',
+            ),
+            detached("from_module(actor).data.to_module(actor_detach"),
+        ),
+    ),
+    "leanrl-td3": dict(
+        repo="leanrl",
+        path="leanrl/td3_continuous_action_torchcompile.py",
+        commit="f1a0156635c6f66322b8e32ea8db51af878b6540",
+        blob="e4a614a1eb649004dff0d4fbb596e0b1b1d5bcb8",
+        ours="td3_continuous_action_torchcompile.py",
+        budget="--env-id HalfCheetah-v5 --learning-starts 1000 --total-timesteps 4000",
+        tiny="--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 500",
+        ours_flags="--compile",
+        theirs=(("--compile", "--compile"), ("eager", "")),
+        sps="last",
+        pattern=r"(\d+\.\d{4}) sps, ",
+        sps_text=LEANRL_SPS + ": the mean since its burn-in, past the random warm-up",
+        edits=(
+            SAME_STEP_ONE_ENV,
+            FINAL_INFO_RESHAPED,
+            Edit(
+                "final-obs",
+                FINAL_OBS.reason,
+                'if "final_observation" in infos:',
+                'if "final_obs" in infos:',
+            ),
+            Edit(
+                "final-obs",
+                FINAL_OBS.reason,
+                'list(infos["final_observation"][truncations])',
+                'list(infos["final_obs"][truncations])',
+            ),
+            detached("from_module(actor).data.to_module(actor_detach"),
+            detached("target_actor_params.to_module(target_actor"),
+            detached("with qnet_params.data[0].to_module(qnet"),
+        ),
+    ),
+    "cleanrl-td3": dict(
+        repo="cleanrl",
+        path="cleanrl/td3_continuous_action_jax.py",
+        commit="cbbdc8b0cca1fba7bb4252db0a2ac8eafe91b5d8",
+        blob="b69f0a0d1bbf301dca7f79a9978a6a3df7d717c4",
+        ours="td3_continuous_action_torchcompile.py",
+        budget="--env-id HalfCheetah-v5 --learning-starts 1000 --total-timesteps 4000",
+        tiny="--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 500",
+        ours_flags="--compile",
+        theirs=(("jax.jit", ""),),
+        sps="points",
+        skip=0,  # the first point comes 100 steps after the first update: past the JIT compile
+        sps_text="between its first sps point past the random warm-up (every 100 steps) and its last",
+        edits=(SAME_STEP_ONE_ENV, FINAL_INFO_ONE_ENV, FINAL_OBS, sps_points(16)),
+    ),
+    "cleanrl-dqn": dict(
+        repo="cleanrl",
+        path="cleanrl/dqn_jax.py",
+        commit="5f3f716d2cb3181b83bbfb89a69e841a76472046",
+        blob="917282578a1fc0f809d7534008a60d97daec846f",
+        ours="dqn_torchcompile.py",
+        budget="--env-id CartPole-v1 --learning-starts 10000 --total-timesteps 30000",
+        tiny="--env-id CartPole-v1 --learning-starts 200 --batch-size 32 --total-timesteps 600",
+        ours_flags="--compile",
+        theirs=(("jax.jit", ""),),
+        sps="points",
+        skip=0,  # the first point comes 90 steps after the first update: past the JIT compile
+        sps_text="between its first sps point past the random warm-up (every 100 steps) and its last",
+        edits=(SAME_STEP_N_ENVS, FINAL_INFO_ONE_ENV, FINAL_OBS, sps_points(20)),
+    ),
+    "cleanrl-ppo_atari": dict(
+        repo="cleanrl",
+        path="cleanrl/ppo_atari_envpool_xla_jax.py",
+        commit="cfeedb0fa36daa7e6592b0fe5de3af6c79d5ce6f",
+        blob="8e7da71f5431857c522ab0fedd15bb2bd80d8269",
+        ours="ppo_atari_envpool_torchcompile.py",
+        budget="--env-id Breakout-v5 --total-timesteps 20480",
+        tiny="--env-id Breakout-v5 --num-envs 2 --num-steps 32 --update-epochs 1 --total-timesteps 640",
+        ours_flags="--compile",
+        theirs=(("jax.jit", ""),),
+        sps="points",
+        skip=2,  # from the end of the 3rd iteration (ours: after 3 burn-in iterations); the 1st and 2nd compile
+        sps_text="between the end of its 3rd iteration and of its last (an sps point per iteration)",
+        edits=(
+            GYMNASIUM_IMPORT,
+            Edit(
+                "envpool-properties",
+                ENVPOOL_PROPERTIES_REASON,
+                "    envs.num_envs = args.num_envs\n"
+                "    envs.single_action_space = envs.action_space\n"
+                "    envs.single_observation_space = envs.observation_space\n"
+                "    envs.is_vector_env = True\n",
+                "",
+            ),
+            Edit(
+                "five-tuple",
+                "envpool's gymnasium step returns terminated and truncated apart; the script's done is either",
+                "        handle, (next_obs, reward, next_done, info) = step_env(handle, action)\n",
+                "        handle, (next_obs, reward, next_done, truncated, info) = step_env(handle, action)\n"
+                "        next_done = next_done | truncated\n",
+            ),
+            Edit(
+                "truncated",
+                "envpool's gymnasium info has no TimeLimit.truncated: step returns it",
+                'info["TimeLimit.truncated"]',
+                "truncated",
+                4,
+            ),
+            Edit(
+                "reset-info",
+                "gymnasium's reset returns (observations, info)",
+                "    next_obs = envs.reset()\n",
+                "    next_obs, _ = envs.reset()\n",
+            ),
+            Edit(
+                "params-contains",
+                "flax 0.12's TrainState.create and apply_gradients ask whether params (and grads) hold an "
+                "overwrite_with_gradient collection (`in`), which the script's params dataclass cannot answer; it "
+                "holds none",
+                "    critic_params: flax.core.FrozenDict\n",
+                "    critic_params: flax.core.FrozenDict\n\n    def __contains__(self, key):\n        return False\n",
+            ),
+            sps_points(8),
+        ),
+    ),
+}
+
+
+def warn(message):
+    print(f"peers.py: warning: {message}", file=sys.stderr)
+
+
+def git_blob(data):
+    """The id git gives a file's content: what a clone at any commit can be checked against."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def git_head(folder):
+    """The commit checked out in a folder's git repository, or None."""
+    try:
+        found = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True)
+    except OSError:
+        return None
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+def apply_edits(text, edits, where):
+    """The text with each edit made, in turn; a user's error (exit status 2) when an edit's text is not found."""
+    for edit in edits:
+        found = text.count(edit.old)
+        if found != edit.count:
+            line = edit.old.strip().splitlines()[0]
+            fail(f"{where}: edit {edit.name} finds {found} of `{line}`, not {edit.count}")
+        text = text.replace(edit.old, edit.new)
+    return text
+
+
+def prepare(pairs, clones):
+    """{pair: (edited text, the clone's text, whether it is the version written against)}; fails before any write."""
+    prepared = {}
+    for name in pairs:
+        peer = PEERS[name]
+        repo, url = PEER_REPOS[peer["repo"]]
+        source = clones[peer["repo"]] / peer["path"]
+        if not source.is_file():
+            fail(f"no {peer['path']} in {clones[peer['repo']]} (a clone of {url}?)")
+        data = source.read_bytes()
+        same = git_blob(data) == peer["blob"]
+        where = f"{repo}'s {peer['path']}" + ("" if same else f" (not its version at {peer['commit'][:7]})")
+        prepared[name] = (apply_edits(data.decode(), peer["edits"], where), data.decode(), same)
+    for name, (_, _, same) in prepared.items():
+        if not same:
+            peer = PEERS[name]
+            warn(f"{PEER_REPOS[peer['repo']][0]}'s {peer['path']} is not its version at {peer['commit'][:7]}, "
+                 "which the edits were written against; each edit found its text")  # fmt: skip
+    return prepared
+
+
+def write_copies(prepared, out):
+    """Each edited script into OUT/peers/<repo>/<path>, its diff beside it; {pair: the copy's path}."""
+    copies = {}
+    for name, (edited, original, _) in prepared.items():
+        peer = PEERS[name]
+        copy = out / "peers" / PEER_REPOS[peer["repo"]][0] / peer["path"]
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(edited)
+        diff = difflib.unified_diff(
+            original.splitlines(True), edited.splitlines(True), peer["path"], peer["path"] + " (edited)"
+        )
+        copy.with_name(copy.name + ".diff").write_text("".join(diff))
+        copies[name] = copy
+    return copies
+
+
+def failure_reason(text):
+    """One line for a failed run: the last line of its output that names an error, else its last line."""
+    lines = [line.strip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Exit|Interrupt)\b", line)]
+    line = (errors or lines or ["no output"])[-1]
+    return re.sub(r"^(\w+\.)+(?=\w+(Error|Exception))", "", line)[:200]  # torch._dynamo.exc.XError: XError
+
+
+def their_sps(peer, text):
+    """(steady-state sps, the last figure they print themselves, why there is no sps) from a run's output."""
+    if peer["sps"] == "last":
+        found = re.findall(peer["pattern"], text)
+        if not found:
+            return None, None, "no sps in its output (budget too short?)"
+        return float(found[-1]), float(found[-1]), None
+    printed = PRINTED_SPS.findall(text)
+    printed = float(printed[-1]) if printed else None
+    points = [(int(step), float(clock)) for step, clock in POINT.findall(text)][peer["skip"] :]
+    if len(points) < 2 or points[-1][1] <= points[0][1]:
+        return None, printed, f"{len(points)} sps points past the warm-up, 2 needed (budget too short?)"
+    (first_step, first_clock), (last_step, last_clock) = points[0], points[-1]
+    return (last_step - first_step) / (last_clock - first_clock), printed, None
+
+
+def run_logged(command, log_path, cwd, timeout):
+    """Runs a command to its end, its output into log_path; returns (exit status, or None past the timeout, seconds).
+    The child leads its own process group, so that a timeout or a Ctrl-C ends it with its compile workers."""
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env,
+                                 start_new_session=True)  # fmt: skip
+        try:
+            status = child.wait(timeout=timeout)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt) as stop:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            if isinstance(stop, KeyboardInterrupt):
+                raise
+            status = None
+    return status, time.monotonic() - start
+
+
+def run_one(name, side, label, fallback, seed, flags, args, copies, out):
+    """One run of ours or theirs: its record (sps, or why it failed)."""
+    peer = PEERS[name]
+    tag = f"{name}-{side}-{label.strip('-').replace('.', '_')}-seed{seed}"
+    log = out / "logs" / f"{tag}.log"
+    if side == "ours":
+        results = out / "logs" / f"{tag}.json"
+        script = args.ours / peer["ours"]
+        command = [sys.executable, str(script), *flags, "--seed", str(seed), "--results-path", str(results)]
+    else:
+        script = copies[name]
+        command = [sys.executable, str(script), *flags, "--seed", str(seed)]
+    status, seconds = run_logged(command, log, out / "work", args.timeout)
+    text = log.read_text(errors="replace")
+    sps = printed = failed = device = None
+    if status is None:
+        failed = f"killed past --timeout {args.timeout:g} s"
+    elif status != 0:
+        failed = f"exit {status}: {failure_reason(text)}"
+    elif side == "ours":
+        lines = results.read_text().splitlines() if results.is_file() else []
+        result = json.loads(lines[-1]) if lines else {}
+        sps, device = result.get("sps"), result.get("device")
+        if sps is None:
+            failed = "no sps in its results line (budget too short?)" if lines else "no results line"
+    else:
+        sps, printed, failed = their_sps(peer, text)
+    return dict(pair=name, side=side, variant=label, fallback=fallback, seed=seed, script=str(script),
+                command=shlex.join(command), returncode=status, seconds=round(seconds, 1), sps=sps,
+                printed_sps=printed, device=device, failed=failed, log=str(log.relative_to(out)))  # fmt: skip
+
+
+def run_side(name, side, seed, counter, args, copies, out):
+    """Ours, or theirs and, after a failure, its fallbacks: the records of the runs made, each also in peers.jsonl."""
+    peer = PEERS[name]
+    budget = shlex.split(peer["tiny"] if args.tiny else peer["budget"])
+    variants = [(peer["ours_flags"], peer["ours_flags"])] if side == "ours" else peer["theirs"]
+    records = []
+    for attempt, (label, flags) in enumerate(variants):
+        fallback = attempt > 0
+        print(
+            f"{counter} {name} {side} {label}{', fallback,' if fallback else ''} seed {seed} ... ", end="", flush=True
+        )
+        record = run_one(name, side, label, fallback, seed, budget + shlex.split(flags), args, copies, out)
+        records.append(record)
+        with open(out / "peers.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if not record["failed"]:
+            print(f"{record['sps']:.1f} sps ({record['seconds']:.0f} s)")
+            break
+        print(f"FAILED ({record['failed']})")
+    return records
+
+
+def median_cell(runs):
+    values = [run["sps"] for run in runs if run["sps"] is not None]
+    if not values:
+        return f"failed ({len(runs)} of {len(runs)})"
+    cell = f"{statistics.median(values):.1f}"
+    return cell if len(values) == len(runs) else f"{cell} ({len(values)} of {len(runs)} ran)"
+
+
+def seed_cell(run):
+    return "–" if run is None else "failed" if run["sps"] is None else f"{run['sps']:.1f}"
+
+
+def report(records, pairs, seeds, args, prepared, clones, machine):
+    """The markdown of DIR/peers.md."""
+    versions = [f"torch {machine['torch']}"]
+    if any(PEERS[name]["repo"] == "cleanrl" for name in pairs):
+        for package in ("jax", "flax", "optax"):
+            try:
+                versions.append(f"{package} {importlib.metadata.version(package)}")
+            except importlib.metadata.PackageNotFoundError:
+                versions.append(f"no {package}")
+    devices = sorted({run.get("device") for run in records if run.get("device")})
+    lines = [
+        "## Our twins beside their peers",
+        "",
+        f"Machine: {machine_text(machine)}; {', '.join(versions)}"
+        + (f"; our runs on {', '.join(devices)}" if devices else "")
+        + ".",
+        f"Ours: `{args.ours}`" + (f" at {head[:7]}" if (head := git_head(args.ours)) else "") + ".",
+    ]
+    for key in sorted({PEERS[name]["repo"] for name in pairs}):
+        head = git_head(clones[key])
+        lines.append(f"{PEER_REPOS[key][0]}: `{clones[key]}`" + (f", HEAD {head[:7]}" if head else "") + ".")
+    lines += [
+        f"Seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: one run at a time, ours and theirs in "
+        "turn, ours first for the 1st, 3rd, ... seed; the same budget flags for both"
+        + (" (--tiny: a check that every script runs, whose sps are no measurement)" if args.tiny else "")
+        + ".",
+        "sps: ours, our results line's steady-state sps; theirs, as the table of their scripts below says.",
+        "",
+        "| pair | budget | ours | theirs | ours sps, median | theirs sps, median | ours / theirs "
+        "| per seed: ours / theirs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in pairs:
+        peer = PEERS[name]
+        budget = peer["tiny"] if args.tiny else peer["budget"]
+        ours = [run for run in records if run["pair"] == name and run["side"] == "ours"]
+        for label, _ in peer["theirs"]:
+            theirs = [
+                run for run in records if run["pair"] == name and (run["side"], run["variant"]) == ("theirs", label)
+            ]
+            if not theirs:
+                continue
+            ratio = "–"
+            ours_values = [run["sps"] for run in ours if run["sps"] is not None]
+            their_values = [run["sps"] for run in theirs if run["sps"] is not None]
+            if ours_values and their_values:
+                ratio = f"**{statistics.median(ours_values) / statistics.median(their_values):.2f}x**"
+            per_seed = "; ".join(
+                f"{seed}: {seed_cell(next((r for r in ours if r['seed'] == seed), None))} / "
+                f"{seed_cell(next((r for r in theirs if r['seed'] == seed), None))}"
+                for seed in seeds
+                if any(run["seed"] == seed for run in ours + theirs)
+            )
+            fallback = " (fallback)" if any(run["fallback"] for run in theirs) else ""
+            lines.append(
+                f"| {name} | `{budget}` | `{peer['ours']} {peer['ours_flags']}` "
+                f"| {PEER_REPOS[peer['repo']][0]} {label}{fallback} | {median_cell(ours) if ours else 'not run'} "
+                f"| {median_cell(theirs)} | {ratio} | {per_seed} |"
+            )
+    failed = [run for run in records if run["failed"]]
+    if failed:
+        lines += ["", "Failed runs:"]
+        lines += [
+            f"- {run['pair']} {run['side']} {run['variant']} seed {run['seed']}: {run['failed']} (`{run['log']}`)"
+            for run in failed
+        ]
+    lines += ["", "Their scripts, as run (edited copies and diffs in `peers/`):", ""]
+    lines += ["| pair | script | written against | the clone's file | their sps |", "|---|---|---|---|---|"]
+    for name in pairs:
+        peer = PEERS[name]
+        state = "that version" if prepared[name][2] else "**another version** (the edits applied)"
+        lines.append(
+            f"| {name} | {PEER_REPOS[peer['repo']][0]} `{peer['path']}` | {peer['commit'][:7]} | {state} "
+            f"| {peer['sps_text']} |"
+        )
+    lines += ["", "The edits, each an exact text replaced in the copy:", ""]
+    for name in pairs:
+        lines.append(f"- {name}:")
+        lines += [f"  - **{edit.name}**: {edit.reason}" for edit in PEERS[name]["edits"]]
+    return "\n".join(lines) + "\n"
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # a user's mistake: one line and exit status 2, as fail() gives
+        fail(message)
+
+
+def words(values):
+    """Values given as one quoted string ("1 2 3") or as separate words, as one list."""
+    return [word for value in values for word in value.split()]
+
+
+def parse_args():
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--leanrl", type=Path, metavar="PATH", help="a clone of " + PEER_REPOS["leanrl"][1])
+    parser.add_argument("--cleanrl", type=Path, metavar="PATH", help="a clone of " + PEER_REPOS["cleanrl"][1])
+    parser.add_argument(
+        "--pairs", nargs="+", default=list(PEERS), help="pairs to run (default all): " + ", ".join(PEERS)
+    )
+    parser.add_argument("--seeds", nargs="+", default=["1 2 3"], help='seeds, e.g. "1 2 3" (default)')
+    parser.add_argument("--out", type=Path, metavar="DIR", help="where to write (default: runs/peers/<date>_<time>)")
+    parser.add_argument("--ours", type=Path, default=REPO_ROOT / "leanrl", help="our scripts' folder (default leanrl/)")
+    parser.add_argument("--tiny", action="store_true", help="a few hundred steps per run: checks that all runs here")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take (default 1800)")
+    parser.add_argument("--apply-only", action="store_true", help="only write the edited copies into DIR/peers/")
+    args = parser.parse_args()
+
+    pairs = words(args.pairs)
+    if not pairs:
+        fail("no pairs in --pairs")
+    for name in pairs:
+        if name not in PEERS:
+            fail(f"no pair {name!r}; the pairs: {', '.join(PEERS)}")
+    pairs = list(dict.fromkeys(pairs))
+    seeds = words(args.seeds)
+    if not seeds:
+        fail("no seeds in --seeds")
+    for seed in seeds:
+        if not seed.isdigit():
+            fail(f"seed {seed!r} is not a non-negative integer")
+    if len(set(seeds)) < len(seeds):
+        fail("a seed is given twice in --seeds")
+    if not args.timeout > 0:
+        fail(f"--timeout must be > 0, not {args.timeout:g}")
+    clones = {}
+    for key in dict.fromkeys(PEERS[name]["repo"] for name in pairs):
+        clone = getattr(args, key)
+        if clone is None:
+            named = [name for name in pairs if PEERS[name]["repo"] == key]
+            fail(
+                f"{' '.join(named)} need{'s' if len(named) == 1 else ''} --{key} PATH, a clone of {PEER_REPOS[key][1]}"
+            )
+        if not clone.is_dir():
+            fail(f"--{key} {clone}: no such folder")
+        clones[key] = clone.resolve()
+    args.ours = args.ours.resolve()
+    for name in pairs if not args.apply_only else []:
+        if not (args.ours / PEERS[name]["ours"]).is_file():
+            fail(f"--ours {args.ours}: no {PEERS[name]['ours']} (for {name})")
+    out = args.out or REPO_ROOT / "runs" / "peers" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    if (out / "peers.jsonl").exists():
+        fail(f"{out} already holds a peers.jsonl: give another --out")
+    return args, pairs, [int(seed) for seed in seeds], clones, out.resolve()
+
+
+def main():
+    args, pairs, seeds, clones, out = parse_args()
+    prepared = prepare(pairs, clones)
+    copies = write_copies(prepared, out)
+    print(f"edited copies: {out / 'peers'}/ ({len(copies)} scripts, each with its .diff)")
+    if args.apply_only:
+        return 0
+
+    machine = describe_machine()
+    (out / "logs").mkdir(exist_ok=True)
+    (out / "work").mkdir(exist_ok=True)
+    print(f"machine: {machine_text(machine)}, torch {machine['torch']}")
+    total = 2 * len(pairs) * len(seeds)
+    records, number, interrupted = [], 0, False
+    try:
+        for index, seed in enumerate(seeds):
+            for name in pairs:
+                for side in ("ours", "theirs") if index % 2 == 0 else ("theirs", "ours"):
+                    number += 1
+                    records += run_side(name, side, seed, f"[{number}/{total}]", args, copies, out)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ninterrupted: the table holds the runs that ended")
+    (out / "peers.md").write_text(report(records, pairs, seeds, args, prepared, clones, machine))
+    failed = [run for run in records if run["failed"]]
+    print(f"{len(records) - len(failed)} of {len(records)} runs ran; table: {out / 'peers.md'}, runs: "
+          f"{out / 'peers.jsonl'}, logs: {out / 'logs'}/")  # fmt: skip
+    return 130 if interrupted else 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
