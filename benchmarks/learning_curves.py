@@ -504,12 +504,15 @@ def run_child(script, seed, flags, out, options):
         command[1:1] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(options.processes)]
     child = subprocess.Popen([*command, "--", *flags])
     try:
-        return child.wait()
+        status = child.wait()
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child got the Ctrl-C too: let it end its run its way
         child.wait()
+        status = 128 + signal.SIGINT
+    if status in (128 + signal.SIGINT, 128 + signal.SIGTERM):  # the run was cut (here too, or only there): stop
         fail(f"interrupted in seed {seed}: records of finished seeds (and checkpoints) are kept; the same command "
-             "goes on", 130)  # fmt: skip
+             "goes on", status)  # fmt: skip
+    return status
 
 
 def run_batch(script, flags, options):
