@@ -358,8 +358,8 @@ def world():
 
 
 def native_bf16(device):
-    """Whether the device computes bf16 natively, at about twice its fp32 rate: a CUDA GPU of compute capability 8 or
-    more (tensor cores), a CPU with AMX or AVX512-BF16 (oneDNN's bf16 kernels). Elsewhere bf16 is emulated, slower."""
+    """Whether the device computes bf16 natively: a CUDA GPU of compute capability 8 or more (tensor cores), a CPU with
+    AMX or AVX512-BF16 (oneDNN's bf16 kernels). Elsewhere bf16 is emulated, with nothing to gain."""
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device)[0] >= 8
     return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
