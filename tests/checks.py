@@ -436,7 +436,7 @@ def check_bf16_update_is_fp32_within_rounding(builds, update, network, batches, 
     the fp32 one's way (cosine above 0.99). The gradients of another minibatch do not (the check can fail). Weights,
     gradients and the optimizer's state stay fp32: a checkpoint holds what the fp32 twin's holds."""
     fp32, bf16s = builds(), {label: builds(bf16=True, compile=label == "compiled") for label in variants}
-    losses = detached_losses(update(fp32, batches[0]))
+    losses = detached(update(fp32, batches[0]))
     grads = {name: param.grad.clone() for name, param in network(fp32).named_parameters()}
     dtypes = {name: tensor.dtype for name, tensor in network(fp32).state_dict().items()}
     other = builds()
@@ -444,7 +444,7 @@ def check_bf16_update_is_fp32_within_rounding(builds, update, network, batches, 
     other_cosines = [cosine(param.grad, grads[name]) for name, param in network(other).named_parameters()]
     assert min(other_cosines) < 0.99, "another minibatch's gradients pass the check: it proves nothing"
     for label, bf16 in bf16s.items():
-        bf16_losses = detached_losses(update(bf16, batches[0]))
+        bf16_losses = detached(update(bf16, batches[0]))
         assert_leaves_close(bf16_losses, losses, f"bf16 {label} losses", rtol=0.05, atol=0.02)
         for name, param in network(bf16).named_parameters():
             assert param.grad.dtype == torch.float32, (name, param.grad.dtype)
@@ -458,7 +458,8 @@ def cosine(x, y):
     return torch.nn.functional.cosine_similarity(x.flatten(), y.flatten(), dim=0)
 
 
-def detached_losses(losses):
+def detached(losses):
+    """An update's losses, detached and copied: later updates do not change them."""
     return {key: value.detach().clone() for key, value in losses.items()}
 
 

@@ -33,6 +33,7 @@ from checks import (
     check_signal_stops_the_run,
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
+    detached,
     sync_,
 )
 from helpers import (
@@ -104,10 +105,6 @@ def call_update(ppo, name, batch):
         return ppo.update(frames_for(name, batch["obs"]), *(batch[key] for key in keys[1:]))
     minibatch = {key: frames_for(name, batch[key]) if key == "obs" else batch[key] for key in keys}
     return ppo.update(TensorDict(minibatch, batch_size=[len(batch["obs"])]))
-
-
-def detached(losses):
-    return {key: value.detach().clone() for key, value in losses.items()}
 
 
 # --- 1. Learning, unit level: the update moves the policy the way the advantages say ------------------------------

@@ -36,6 +36,7 @@ from checks import (
     check_resume_continues_the_run,
     check_signal_stops_the_run,
     check_twin_runs_with_every_flag_combination,
+    detached,
     sync_,
 )
 from distributed_worker import GLOBAL_MINIBATCH
@@ -55,7 +56,7 @@ from helpers import (
     run_sh_tiny_run,
     script_path,
 )
-from test_ppo_atari import NUM_ACTIONS, build, call_update, detached, random_minibatch
+from test_ppo_atari import NUM_ACTIONS, build, call_update, random_minibatch
 
 PLAIN = "ppo_atari_envpool_distributed"
 TWIN = "ppo_atari_envpool_distributed_torchcompile"

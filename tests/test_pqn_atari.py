@@ -38,6 +38,7 @@ from checks import (
     check_resume_continues_the_run,
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
+    detached,
 )
 from helpers import (
     DEVICES,
@@ -96,10 +97,6 @@ def call_update(pqn, name, batch):
         return pqn.update(batch["obs"].float(), batch["actions"], batch["returns"], batch["mask"])
     obs = batch["obs"].contiguous(memory_format=torch.channels_last)
     return pqn.update(TensorDict(dict(batch, obs=obs), batch_size=[len(batch["obs"])]))
-
-
-def detached(losses):
-    return {key: value.detach().clone() for key, value in losses.items()}
 
 
 def q_of_actions(pqn, obs, actions):
