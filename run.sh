@@ -10,7 +10,8 @@ Usage: ./run.sh [--quick | --tiny] [--seeds "1 2 3"] [--scripts "sac_continuous_
 
 Trains every pair of leanrl/ (X.py and X_torchcompile.py) in five variants: the plain script, and its twin
 with no flag, --compile, --cudagraphs and --compile --cudagraphs (the two cudagraphs variants need CUDA and
-are skipped without it). Runs go one after another, never in parallel (parallel torch processes distort
+are skipped without it); where the device computes bf16 natively, the Atari twins also with --bf16 added to
+their fastest variant. Runs go one after another, never in parallel (parallel torch processes distort
 each other's speed), seed by seed: every variant of every script for the first seed, then for the next, so a
 slow spell of a shared machine hits all variants alike and a run stopped early still gives whole rows.
 Each run appends its JSON line to DIR/results.jsonl and logs to DIR/logs/<script>-<variant>-seed<S>.log; at
@@ -148,9 +149,21 @@ if [[ $("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["gpu"
   echo "no CUDA device: skipping the --cudagraphs variants (cudagraphs need CUDA)"
   variants=(plain twin twin+compile)
 fi
+# The twins with a --bf16 switch (the Atari ones) run once more with it, in their fastest variant, where the device
+# computes bf16 natively; elsewhere the switch would only say that it is off.
+bf16_pairs=()
+for script in "${pairs[@]}"; do
+  if grep -q '^    bf16: bool' "leanrl/${script}_torchcompile.py"; then bf16_pairs+=("$script"); fi
+done
+if ((${#bf16_pairs[@]})) && [[ $("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["native_bf16"])' \
+  "$out/machine.json") != True ]]; then
+  echo "no native bf16 (AMX, AVX512-BF16, a CUDA GPU of compute capability 8+): skipping the --bf16 variant"
+  bf16_pairs=()
+fi
 
-total=$((${#seeds[@]} * ${#pairs[@]} * ${#variants[@]}))
-echo "mode $mode: ${#pairs[@]} scripts x ${#variants[@]} variants x ${#seeds[@]} seeds = $total runs, into $out"
+total=$((${#seeds[@]} * (${#pairs[@]} * ${#variants[@]} + ${#bf16_pairs[@]})))
+echo "mode $mode: ${#pairs[@]} scripts x ${#variants[@]} variants${bf16_pairs[*]:+ (and ${#bf16_pairs[@]} with --bf16)}" \
+  "x ${#seeds[@]} seeds = $total runs, into $out"
 : >"$results"
 print_sps='import json, sys
 sps = json.load(sys.stdin)["sps"]
@@ -159,7 +172,9 @@ failed=()
 n=0
 for seed in "${seeds[@]}"; do
   for script in "${pairs[@]}"; do
-    for variant in "${variants[@]}"; do
+    script_variants=("${variants[@]}")
+    if [[ " ${bf16_pairs[*]} " == *" $script "* ]]; then script_variants+=("${variants[-1]}+bf16"); fi
+    for variant in "${script_variants[@]}"; do
       n=$((n + 1))
       log=$out/logs/$script-${variant//+/-}-seed$seed.log
       # "twin+compile+cudagraphs" -> the twin with --compile --cudagraphs

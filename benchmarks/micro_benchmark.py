@@ -22,6 +22,7 @@ import argparse
 import importlib.util
 import itertools
 import os
+import re
 import statistics
 import sys
 import time
@@ -220,10 +221,11 @@ def time_per_call(fn, calls):
     return (time.perf_counter() - start) / calls
 
 
-def prepare(algo, config, device):
+def prepare(algo, config, device, **more_inductor_options):
     """{(measure, batch): a call to time} for one algorithm, configuration and device, compiled and warmed up."""
     plain_name, build, update, train_batch, make_batch, act, observations, act_batches = ALGOS[algo]
     which, flags, inductor_options, _ = CONFIGS[config]
+    inductor_options = {**inductor_options, **more_inductor_options}
     module = load_script(plain_name if which == "plain" else f"{plain_name}_torchcompile")
     torch.manual_seed(0)
     agent = build(module, module.Args(**flags), device)
@@ -293,6 +295,35 @@ def prepare_matmul_floor(algo, device):
     return flop_counter.get_total_flops(), run_matmuls
 
 
+# Where an update's time goes on a CPU, by the profiler's events: their own time (not their children's), but the
+# optimizer's calls, whose events hold their kernels. What no event holds is the compiled calls' entry (guards, the
+# wrappers around the graphs), Python, and the profiler's own cost, which makes a profiled update slower.
+BREAKDOWN = {
+    "matrix products": re.compile(r"(aten::|aoti_torch_cpu_)(mm|bmm|addmm|mkldnn_convolution|convolution_backward)"
+                                  r"(_out)?"),
+    "inductor's fused kernels": re.compile(r"graph_\d+_cpp_fused_\w+"),  # named by cpp.enable_kernel_profile
+    "optimizer step and zero_grad": re.compile(r"Optimizer\.(step|zero_grad)#\w+\.\w+"),
+}  # fmt: skip
+
+
+def update_breakdown(algo, config, calls):
+    """{kind of work: seconds per update} of one CPU update, from a profile of `calls` updates of a fresh copy whose
+    fused kernels name themselves in the profile; "update" is the profiled update's wall time."""
+    train_batch = ALGOS[algo][3]
+    update = prepare(algo, config, torch.device("cpu"), **{"cpp.enable_kernel_profile": True})[("update", train_batch)]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        start = time.perf_counter()
+        for _ in range(calls):
+            update()
+        seconds = {"update": time.perf_counter() - start}
+    for kind, name in BREAKDOWN.items():
+        events = [event for event in profile.key_averages() if name.fullmatch(event.key)]
+        seconds[kind] = sum(e.cpu_time_total if kind.startswith("optimizer") else e.self_cpu_time_total for e in events)
+        seconds[kind] /= 1e6  # the profiler counts microseconds
+    seconds["the rest"] = seconds["update"] - sum(seconds[kind] for kind in BREAKDOWN)
+    return {kind: value / calls for kind, value in seconds.items()}
+
+
 def measure(algo, configs, device, repeats):
     """{configuration: {(measure, batch): median seconds per call}}, and the update's FLOPs.
 
@@ -327,6 +358,12 @@ def main():
         type=int,
         default=None,
         help="calls per timed run (default: 200 to act, 50 to update and for the matmul floor)",
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also profile each configuration's CPU update: the time of its matrix products, of inductor's fused "
+        "kernels, of the optimizer, and the rest",
     )
     args = parser.parse_args()
     if args.repeats <= 0:
@@ -385,6 +422,23 @@ def main():
                 f"{flops / floor / 1e9:.0f} | {plain * 1e6:.0f} ({plain / floor:.2f}x) | "
                 f"{twin * 1e6:.0f} ({twin / floor:.2f}x) |"
             )
+    if args.breakdown and "cpu" in devices:
+        kinds = ["update", *BREAKDOWN, "the rest"]
+        lines += [
+            "",
+            f"Where a CPU update's time goes, us per update (share of the profiled update), "
+            f"{CALLS_PER_TIMING['update']} profiled updates:",
+            "",
+            "| algorithm | configuration | " + " | ".join(kinds) + " |",
+            "|---|---|" + "---|" * len(kinds),
+        ]
+        for algo, config in itertools.product(args.algos, args.configs):
+            if "cpu" not in CONFIGS[config][3]:
+                continue
+            print(f"{algo} on cpu: profiling the update of {config}", flush=True)
+            seconds = update_breakdown(algo, config, CALLS_PER_TIMING["update"])
+            cells = [f"{seconds[kind] * 1e6:.0f} ({seconds[kind] / seconds['update']:.0%})" for kind in kinds[1:]]
+            lines.append(f"| {algo} | {config} | {seconds['update'] * 1e6:.0f} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     print("\n" + table)
     if args.out:

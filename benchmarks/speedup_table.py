@@ -65,6 +65,9 @@ def cpu_name():
 def describe_machine():
     import torch  # only here: reading and tabulating results needs no torch
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "leanrl"))
+    from run_utils import native_bf16
+
     return {
         "cpu": cpu_name(),
         # the vector instructions torch's CPU kernels use: machines that differ in it round differently
@@ -73,6 +76,8 @@ def describe_machine():
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        # whether the device the scripts pick computes bf16 natively: run.sh then runs the twins' --bf16 too
+        "native_bf16": native_bf16(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
     }
 
 

@@ -81,6 +81,27 @@ def test_micro_benchmark_times_every_algorithm_and_configuration(tmp_path):
     assert all(float(row[3]) > 0 for row in floors), floors  # GFLOP per update, counted
 
 
+def test_micro_benchmark_breaks_an_update_down_by_kind_of_work(tmp_path):
+    """Compiled for real (DQN's small graph): the fused kernels are found by the names inductor gives them in a
+    profile, which a torch upgrade may change; the eager update has none, and every part fits in the update."""
+    out = tmp_path / "micro.md"
+    configs = ["plain (eager)", "twin --compile"]
+    args = ["--algos", "dqn", "--configs", *configs, "--breakdown", "--repeats", "1", "--calls", "3", "--out", out]
+    completed = run_tool("micro_benchmark.py", *args, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert completed.returncode == 0, describe(completed)
+    rows = {row[1]: row[2:] for row in table_rows(out.read_text(), r"dqn \| (plain|twin)")}
+    assert set(rows) == set(configs), rows
+    for config, (update, *parts) in rows.items():
+        us = {
+            kind: float(cell.split()[0])
+            for kind, cell in zip(("matmul", "fused", "optimizer", "rest"), parts, strict=True)
+        }
+        assert us["matmul"] > 0 and us["optimizer"] > 0, (config, us)
+        assert sum(us.values()) == pytest.approx(float(update), abs=4), (config, update, us)  # rounded to 1 us each
+        assert all(0 <= value <= float(update) for value in us.values()), (config, update, us)  # none counted twice
+        assert (us["fused"] > 0) == (config == "twin --compile"), (config, us)
+
+
 @pytest.mark.parametrize("flag", ["--repeats", "--calls"])
 def test_micro_benchmark_refuses_a_count_below_one(flag, monkeypatch, capsys):
     """In this process (a subprocess costs seconds of imports): the tool's __main__, as its command line runs it."""

@@ -253,17 +253,17 @@ def test_bad_option_exits_2_with_one_line(tmp_path, args, env, words):
     assert not out.exists(), "a bad option started a run"
 
 
-# A stand-in for a training script: it writes a results line (sps: 100 + seed, doubled with --compile) at once,
-# prints the flags it got, and fails on purpose when FAIL_IF holds.
+# A stand-in for a training script: it writes a results line (sps: 100 + seed, doubled with --compile, tripled with
+# --bf16) at once, prints the flags it got, and fails on purpose when FAIL_IF holds.
 FAKE_SCRIPT = """import json, sys
 argv = sys.argv[1:]
-seed, compile_ = int(argv[argv.index("--seed") + 1]), "--compile" in argv
+seed, compile_, bf16 = int(argv[argv.index("--seed") + 1]), "--compile" in argv, "--bf16" in argv
 print("flags:", " ".join(argv))
 if {fail_if}:
     sys.exit("fake: broken on purpose")
 line = dict(script="{name}", algo="{algo}", env_id="Pendulum-v1", seed=seed, compile=compile_, cudagraphs=False,
-            device="cpu", torch_version="0", total_timesteps=300, sps=(100.0 + seed) * (1 + compile_),
-            compile_seconds=1.0, wall_seconds=1.0, final_return=-5.0)
+            device="cpu", torch_version="0", total_timesteps=300, sps=(100.0 + seed) * (1 + compile_) * (1 + 2 * bf16),
+            compile_seconds=1.0, wall_seconds=1.0, final_return=-5.0, bf16=bf16)
 with open(argv[argv.index("--results-path") + 1], "a") as f:
     f.write(json.dumps(line) + "\\n")
 """
@@ -290,6 +290,9 @@ def fake_repo(tmp_path):
     }
     for name, (algo, fail_if) in fakes.items():
         (repo / "leanrl" / f"{name}.py").write_text(FAKE_SCRIPT.format(name=f"{name}.py", algo=algo, fail_if=fail_if))
+    # The machine's bf16, as the table tool records it for run.sh: native where the test says so.
+    (repo / "leanrl" / "run_utils.py").write_text("import os\n\n\ndef native_bf16(device):\n"
+                                                  "    return os.environ.get('FAKE_NATIVE_BF16') == '1'\n")  # fmt: skip
     return repo
 
 
@@ -351,6 +354,34 @@ def test_scripts_option_runs_only_those(fake_repo):
     assert len((out / "results.jsonl").read_text().splitlines()) == 3
     completed = run_sh("--tiny", "--out", "only_td3", script=fake_repo / "run.sh")
     assert completed.returncode == 2 and "already holds a results.jsonl" in completed.stderr, describe(completed)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "no-bf16"])
+def test_a_twin_with_bf16_runs_once_more_with_it_where_bf16_is_native(fake_repo, native):
+    """td3's fake twin declares a --bf16 switch, as the Atari twins do; sac's does not."""
+    twin = fake_repo / "leanrl" / "td3_continuous_action_torchcompile.py"
+    twin.write_text(twin.read_text() + "\n\nclass Args:\n    bf16: bool = False\n")
+    out = fake_repo / "bf16"
+    env = {"FAKE_NATIVE_BF16": "1" if native else "0", "CUDA_VISIBLE_DEVICES": ""}
+    completed = run_sh("--tiny", "--scripts", "td3_continuous_action sac_continuous_action", "--out", str(out),
+                       env=env, script=fake_repo / "run.sh", timeout=300)  # fmt: skip
+    assert completed.returncode == 1, describe(completed)  # sac's fake twin fails with --compile
+    progress = re.findall(r"^\[\d+/(\d+)\] (\S+) (\S+) seed 1", completed.stdout, re.MULTILINE)
+    bf16_runs = [("td3_continuous_action", "twin+compile+bf16")] if native else []
+    variants = ("plain", "twin", "twin+compile")
+    expected = [(s, v) for s in ("sac_continuous_action", "td3_continuous_action") for v in variants] + bf16_runs
+    assert sorted((script, variant) for _, script, variant in progress) == sorted(expected)
+    assert {total for total, *_ in progress} == {str(len(expected))}
+    assert ("skipping the --bf16 variant" in completed.stdout) == (not native), completed.stdout
+    table = markdown_table((out / "speedup.md").read_text(), "Training speed")
+    if native:
+        assert (out / "logs" / "td3_continuous_action-twin-compile-bf16-seed1.log").read_text().split()[-2:] == [
+            "--compile", "--bf16"]  # fmt: skip
+        assert table["td3", "Pendulum-v1"]["twin+compile+bf16"] == "606.0"
+        assert table["sac", "Pendulum-v1"]["twin+compile+bf16"] == "not run"
+        assert table["td3", "Pendulum-v1"]["speed-up"] == "6.00x (twin+compile+bf16)"
+    else:
+        assert "twin+compile+bf16" not in table["td3", "Pendulum-v1"]
 
 
 def all_pairs():
