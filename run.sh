@@ -28,8 +28,8 @@ Modes (each run's budget flags are in the budget table near the top of run.sh):
                      (3 + 3 measured a second on an H100: too short to be steady), DQN 10000 random + 20000
                      (2000 gradient steps), PQN 25 rollouts of 4 x 128 on CartPole-v1 and of 8 x 128 on
                      Breakout (3 burn-in, 5 till the CUDA graphs are recorded, then 20 or more measured).
-                     Default 3 seeds: 72 runs on a CPU, about 60 minutes on 2 cores (59 on a 2-core AMD
-                     EPYC Zen 3 VM with a warm compile cache, 2026-11-29; 42 of them for the 27 Breakout
+                     Default 3 seeds: 72 runs on a CPU, about 60 minutes on 2 cores (52 on a 2-core AMD
+                     EPYC Zen 3 VM with a warm compile cache, 2026-11-29; 37 of them for the 27 Breakout
                      runs). A cold cache adds 20-30 s per compiled twin.
   --tiny             a few hundred steps per run (1536 for PQN's 8 envs) on small envs, seed 1: checks that
                      everything runs; the runs of each pair's own tests (CI); its speeds mean nothing.

@@ -5,7 +5,8 @@ selection at batch 1, 4, 16 and 256 (PPO Atari: 8, its envs' count), and one upd
 configuration gets a fresh copy of the script, so compiled code is never shared between configurations. All
 configurations are compiled first, then timed in turn within each repeat (a slow spell of a shared machine hits them
 alike); times are medians over the repeats of many calls each, and the speed-up is against the plain script in eager
-mode.
+mode. "twin --compile, every guard" is the twin compiled without the guard_filter_fn it gives torch.compile (SAC,
+TD3, continuous PPO, DQN keep only the tensors' guards): what dynamo's full checks cost each call.
 
 A second table puts each update next to its matmul floor, measured in the same run: the matrix products (and PPO
 Atari's convolutions) that the twin's update makes, recorded with their shapes and strides, replayed alone on random
@@ -19,6 +20,7 @@ would take if it did nothing but these products.
 """
 
 import argparse
+import contextlib
 import importlib.util
 import itertools
 import os
@@ -204,6 +206,8 @@ CONFIGS = {
     "twin --compile": ("twin", {"compile": True}, {}, ("cpu", "cuda")),
     "twin --compile, max-autotune": ("twin", {"compile": True}, {"max_autotune": True}, ("cpu", "cuda")),
     "twin --compile, cpp_wrapper": ("twin", {"compile": True}, {"cpp_wrapper": True}, ("cpu", "cuda")),
+    # The twin compiled without its guard_filter_fn (SAC, TD3, continuous PPO, DQN): dynamo checks every guard.
+    "twin --compile, every guard": ("twin", {"compile": True}, {}, ("cpu", "cuda")),
     "twin --compile --cudagraphs": ("twin", {"compile": True, "cudagraphs": True}, {}, ("cuda",)),
 }
 
@@ -221,21 +225,45 @@ def time_per_call(fn, calls):
     return (time.perf_counter() - start) / calls
 
 
+@contextlib.contextmanager
+def every_guard():
+    """torch.compile without the guard_filter_fn a twin gives it, for the twins built in this context."""
+    compile_ = torch.compile
+
+    def compile_with_every_guard(fn, *args, options=None, **kwargs):
+        options = {key: value for key, value in (options or {}).items() if key != "guard_filter_fn"}
+        return compile_(fn, *args, options=options, **kwargs)
+
+    torch.compile = compile_with_every_guard
+    try:
+        yield
+    finally:
+        torch.compile = compile_
+
+
 def prepare(algo, config, device, **more_inductor_options):
     """{(measure, batch): a call to time} for one algorithm, configuration and device, compiled and warmed up."""
     plain_name, build, update, train_batch, make_batch, act, observations, act_batches = ALGOS[algo]
     which, flags, inductor_options, _ = CONFIGS[config]
     inductor_options = {**inductor_options, **more_inductor_options}
-    module = load_script(plain_name if which == "plain" else f"{plain_name}_torchcompile")
-    torch.manual_seed(0)
-    agent = build(module, module.Args(**flags), device)
+    script = plain_name if which == "plain" else f"{plain_name}_torchcompile"
+
+    def new_agent():
+        """The agent of a fresh copy of the script: compiled code of its own (dynamo keeps it per code object)."""
+        torch.manual_seed(0)
+        module = load_script(script)
+        with every_guard() if config == "twin --compile, every guard" else contextlib.nullcontext():
+            return build(module, module.Args(**flags), device)
+
+    agent = new_agent()
     calls = {}
     # Compilation happens at the first calls, so the inductor options stay patched through the warm-up.
     with torch._inductor.config.patch(inductor_options):
         for batch in act_batches:
             obs = observations(batch, device)
-            # A CUDA graph replays one input shape: each batch size gets an agent (and a graph) of its own.
-            actor = build(module, module.Args(**flags), device) if flags.get("cudagraphs") else agent
+            # Compiled, each batch size gets an agent (and a graph) of its own, as a run has one: a CUDA graph replays
+            # one input shape, and dynamo's lookup among several compiled shapes is not a run's cost.
+            actor = new_agent() if flags.get("compile") else agent
             calls[("act", batch)] = lambda obs=obs, actor=actor: act(actor, obs, which)
         data = make_batch(train_batch, device)
         calls[("update", train_batch)] = lambda: update(agent, data, which)

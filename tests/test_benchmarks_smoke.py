@@ -61,7 +61,7 @@ def test_micro_benchmark_times_every_algorithm_and_configuration(tmp_path):
     text = out.read_text()
     assert text.strip() in completed.stdout
     configs = ["plain (eager)", "twin (eager)", "twin --compile", "twin --compile, max-autotune",
-               "twin --compile, cpp_wrapper"]  # fmt: skip
+               "twin --compile, cpp_wrapper", "twin --compile, every guard"]  # fmt: skip
     rows = table_rows(text, r"(sac|td3|ppo_continuous|dqn|ppo_atari) \| cpu \| (act|update)")
     measured = {(algo, measure, int(batch), config) for algo, _, measure, batch, config, *_ in rows}
     action_batches = (1, 4, 16, 256)
@@ -100,6 +100,20 @@ def test_micro_benchmark_breaks_an_update_down_by_kind_of_work(tmp_path):
         assert sum(us.values()) == pytest.approx(float(update), abs=4), (config, update, us)  # rounded to 1 us each
         assert all(0 <= value <= float(update) for value in us.values()), (config, update, us)  # none counted twice
         assert (us["fused"] > 0) == (config == "twin --compile"), (config, us)
+
+
+def test_every_guard_configuration_compiles_the_twin_without_its_guard_filter(monkeypatch):
+    """In this process: inside every_guard() a twin's torch.compile call loses guard_filter_fn, and only that."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import micro_benchmark
+
+    calls = []
+    recorder = lambda fn, *args, options=None, **kwargs: calls.append(options) or fn  # noqa: E731
+    monkeypatch.setattr(torch, "compile", recorder)
+    with micro_benchmark.every_guard():
+        torch.compile(len, options={"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe, "cpp_wrapper": True})
+    torch.compile(len, options={"guard_filter_fn": print})
+    assert calls == [{"cpp_wrapper": True}, {"guard_filter_fn": print}]
 
 
 @pytest.mark.parametrize("flag", ["--repeats", "--calls"])
