@@ -241,8 +241,9 @@ def every_guard():
         torch.compile = compile_
 
 
-def prepare(algo, config, device, **more_inductor_options):
-    """{(measure, batch): a call to time} for one algorithm, configuration and device, compiled and warmed up."""
+def prepare(algo, config, device, acting=True, **more_inductor_options):
+    """{(measure, batch): a call to time} for one algorithm, configuration and device, compiled and warmed up; without
+    acting, only the update."""
     plain_name, build, update, train_batch, make_batch, act, observations, act_batches = ALGOS[algo]
     which, flags, inductor_options, _ = CONFIGS[config]
     inductor_options = {**inductor_options, **more_inductor_options}
@@ -259,7 +260,7 @@ def prepare(algo, config, device, **more_inductor_options):
     calls = {}
     # Compilation happens at the first calls, so the inductor options stay patched through the warm-up.
     with torch._inductor.config.patch(inductor_options):
-        for batch in act_batches:
+        for batch in act_batches if acting else ():
             obs = observations(batch, device)
             # Compiled, each batch size gets an agent (and a graph) of its own, as a run has one: a CUDA graph replays
             # one input shape, and dynamo's lookup among several compiled shapes is not a run's cost.
@@ -338,7 +339,8 @@ def update_breakdown(algo, config, calls):
     """{kind of work: seconds per update} of one CPU update, from a profile of `calls` updates of a fresh copy whose
     fused kernels name themselves in the profile; "update" is the profiled update's wall time."""
     train_batch = ALGOS[algo][3]
-    update = prepare(algo, config, torch.device("cpu"), **{"cpp.enable_kernel_profile": True})[("update", train_batch)]
+    options = {"cpp.enable_kernel_profile": True}
+    update = prepare(algo, config, torch.device("cpu"), acting=False, **options)[("update", train_batch)]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         start = time.perf_counter()
         for _ in range(calls):

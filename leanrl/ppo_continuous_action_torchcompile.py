@@ -276,8 +276,7 @@ def build_ppo(obs_dim, action_dim, args, device):
         # program, with no autograd engine at run time. Older versions compile them as two graphs.
         if hasattr(torch._dynamo.config, "trace_autograd_ops"):
             torch._dynamo.config.trace_autograd_ops = True
-        # Dynamo re-checks hundreds of guards on the closures' modules and TensorDicts at every call (0.1 ms on a CPU):
-        # nothing of theirs changes during a run, so only the tensors' guards are kept (shapes, dtypes, devices).
+        # Only the tensors' guards: the closures' modules and TensorDicts never change in a run (3-7% off a CPU update).
         tensor_guards_only = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
         # Compiled: fused kernels instead of one Python dispatch per op.
         loss_backward = torch.compile(loss_backward, options=tensor_guards_only)
