@@ -277,13 +277,14 @@ def build_ppo(obs_dim, action_dim, args, device):
         if hasattr(torch._dynamo.config, "trace_autograd_ops"):
             torch._dynamo.config.trace_autograd_ops = True
         # Only the tensors' guards: the closures' modules and TensorDicts never change in a run (3-7% off a CPU update).
+        # A copy for each torch.compile call, which pops the filter from the options it is given.
         tensor_guards_only = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
         # Compiled: fused kernels instead of one Python dispatch per op.
-        loss_backward = torch.compile(loss_backward, options=tensor_guards_only)
+        loss_backward = torch.compile(loss_backward, options={**tensor_guards_only})
         # On CPU the policy's graph is called from generated C++ instead of Python (cpp_wrapper): less overhead in
         # the call made at every env step.
         policy = torch.compile(policy, options={**tensor_guards_only, "cpp_wrapper": device.type == "cpu"})
-        gae = torch.compile(gae, options=tensor_guards_only)
+        gae = torch.compile(gae, options={**tensor_guards_only})
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
         update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)

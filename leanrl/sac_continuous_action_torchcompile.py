@@ -194,7 +194,8 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
     qnet_params = from_modules(
         SoftQNetwork(obs_dim, action_dim).to(device), SoftQNetwork(obs_dim, action_dim).to(device), as_module=True
     )
-    target_qnet_params = qnet_params.data.clone()
+    qnet_params_detached = qnet_params.data  # views without autograd, made once (.data builds a TensorDict per call)
+    target_qnet_params = qnet_params_detached.clone()
     qnet = SoftQNetwork(obs_dim, action_dim).to("meta")  # a shell without storage, filled with either parameter set
     # fused: one multi-tensor kernel per step instead of a dozen small ops per parameter;
     # capturable: under a CUDA graph the step counter lives on the device.
@@ -240,7 +241,7 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
     def actor_backward(data):
         pi, log_pi, _ = actor.get_action(data["observations"])
         # Detached Q parameters: the actor's gradient flows through the actions only, no wasted Q gradients.
-        min_qf_pi = q_values(qnet_params.data, data["observations"], pi).min(0).values
+        min_qf_pi = q_values(qnet_params_detached, data["observations"], pi).min(0).values
         actor_loss = ((alpha * log_pi) - min_qf_pi).mean()
         losses = TensorDict(actor_loss=actor_loss.detach())
         if args.autotune:
@@ -263,7 +264,7 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
 
     def update_targets():
         # One in-place lerp over all stacked parameters instead of a Python loop over tensors.
-        target_qnet_params.lerp_(qnet_params.data, args.tau)
+        target_qnet_params.lerp_(qnet_params_detached, args.tau)
 
     def policy(obs):
         with torch.no_grad():
@@ -278,11 +279,12 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
         # TensorDictParams' lock is not enforced inside compiled code; tensordict says so on every run.
         warnings.filterwarnings("ignore", message=r"Using lock_\(\) inside a compiled graph")
         # Only the tensors' guards: the closures' modules and TensorDicts never change in a run (3-7% off a CPU update).
+        # A copy for each torch.compile call, which pops the filter from the options it is given.
         tensor_guards_only = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
         # Compiled: fused kernels instead of one Python dispatch per op.
-        critic_backward = torch.compile(critic_backward, options=tensor_guards_only)
-        actor_backward = torch.compile(actor_backward, options=tensor_guards_only)
-        policy = torch.compile(policy, options=tensor_guards_only)
+        critic_backward = torch.compile(critic_backward, options={**tensor_guards_only})
+        actor_backward = torch.compile(actor_backward, options={**tensor_guards_only})
+        policy = torch.compile(policy, options={**tensor_guards_only})
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
         update_critic = CudaGraphModule(update_critic, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
@@ -299,7 +301,7 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
         """The networks' and optimizers' state_dicts and log_alpha: a checkpoint's agent."""
         return {
             "actor": actor.state_dict(),
-            **{f"qf{i + 1}": qnet_params.data[i].clone().flatten_keys(".").to_dict() for i in range(2)},
+            **{f"qf{i + 1}": qnet_params_detached[i].clone().flatten_keys(".").to_dict() for i in range(2)},
             **{f"qf{i + 1}_target": target_qnet_params[i].clone().flatten_keys(".").to_dict() for i in range(2)},
             "q_optimizer": run_utils.optimizer_state(q_optimizer, members=2, **plain_adam),
             "actor_optimizer": run_utils.optimizer_state(actor_optimizer, **plain_adam),
@@ -310,7 +312,7 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
     def load_state_dict(state):
         actor.load_state_dict(state["actor"])
         for i in range(2):
-            qnet_params.data[i].update_(TensorDict(state[f"qf{i + 1}"]).unflatten_keys("."))
+            qnet_params_detached[i].update_(TensorDict(state[f"qf{i + 1}"]).unflatten_keys("."))
             target_qnet_params[i].update_(TensorDict(state[f"qf{i + 1}_target"]).unflatten_keys("."))
         run_utils.load_optimizer_state(q_optimizer, state["q_optimizer"], members=2, **adam_kwargs)
         run_utils.load_optimizer_state(actor_optimizer, state["actor_optimizer"], **adam_kwargs)

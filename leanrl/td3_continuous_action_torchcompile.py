@@ -171,13 +171,14 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
         QNetwork(obs_dim, action_dim).to(device), QNetwork(obs_dim, action_dim).to(device), as_module=True
     )
     qnet = QNetwork(obs_dim, action_dim).to("meta")  # a shell without storage, filled with any Q parameter set
-    qf1_params = qnet_params.data[0]  # detached views of Q1's parameters, the network that scores the actor
+    qnet_params_detached = qnet_params.data  # views without autograd, made once (.data builds a TensorDict per call)
+    qf1_params = qnet_params_detached[0]  # Q1's, the network that scores the actor
     # The targets are plain tensors, stored apart and swapped into storage-less shells to be evaluated:
     # they are updated by one lerp per TensorDict and never show up among the trainable parameters.
     actor_params = TensorDict.from_module(actor).data  # views of the actor's parameters and constant buffers
     target_actor_params = actor_params.clone()
     target_actor = Actor(obs_dim, action_dim, action_low, action_high).to("meta")
-    target_qnet_params = qnet_params.data.clone()
+    target_qnet_params = qnet_params_detached.clone()
     # fused: one multi-tensor kernel per step instead of a dozen small ops per parameter;
     # capturable: under a CUDA graph the step counter lives on the device.
     adam_kwargs = dict(fused=True, capturable=args.cudagraphs)
@@ -236,7 +237,7 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
         # One in-place lerp per TensorDict instead of a Python loop over tensors; the actor's constant buffers
         # ride along unchanged (a lerp between equal values).
         target_actor_params.lerp_(actor_params, args.tau)
-        target_qnet_params.lerp_(qnet_params.data, args.tau)
+        target_qnet_params.lerp_(qnet_params_detached, args.tau)
 
     def policy(obs):
         with torch.no_grad():
@@ -253,6 +254,7 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
         # TensorDictParams' lock is not enforced inside compiled code; tensordict says so on every run.
         warnings.filterwarnings("ignore", message=r"Using lock_\(\) inside a compiled graph")
         # Only the tensors' guards: the closures' modules and TensorDicts never change in a run (3-7% off a CPU update).
+        # A copy for each torch.compile call, which pops the filter from the options it is given.
         tensor_guards_only = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
         # Compiled: fused kernels instead of one Python dispatch per op. On CPU, the graphs are called from generated
         # C++ instead of Python (cpp_wrapper), and the noise comes from ATen's generator (fallback_random): inductor's
@@ -264,7 +266,7 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
         actor_backward = torch.compile(actor_backward, options={**tensor_guards_only, "cpp_wrapper": on_cpu})
         # On CPU, acting stays eager: one observation through three small layers is faster than a compiled call.
         if not on_cpu:
-            policy = torch.compile(policy, options=tensor_guards_only)
+            policy = torch.compile(policy, options={**tensor_guards_only})
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
         update_critic = CudaGraphModule(update_critic, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
@@ -282,7 +284,7 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
         """The networks' and optimizers' state_dicts: a checkpoint's agent."""
         return {
             "actor": actor.state_dict(),
-            **{f"qf{i + 1}": qnet_params.data[i].clone().flatten_keys(".").to_dict() for i in range(2)},
+            **{f"qf{i + 1}": qnet_params_detached[i].clone().flatten_keys(".").to_dict() for i in range(2)},
             "target_actor": target_actor_params.clone().flatten_keys(".").to_dict(),
             **{f"qf{i + 1}_target": target_qnet_params[i].clone().flatten_keys(".").to_dict() for i in range(2)},
             "q_optimizer": run_utils.optimizer_state(q_optimizer, members=2, **plain_adam),
@@ -293,7 +295,7 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
         actor.load_state_dict(state["actor"])
         target_actor_params.update_(TensorDict(state["target_actor"]).unflatten_keys("."))
         for i in range(2):
-            qnet_params.data[i].update_(TensorDict(state[f"qf{i + 1}"]).unflatten_keys("."))
+            qnet_params_detached[i].update_(TensorDict(state[f"qf{i + 1}"]).unflatten_keys("."))
             target_qnet_params[i].update_(TensorDict(state[f"qf{i + 1}_target"]).unflatten_keys("."))
         run_utils.load_optimizer_state(q_optimizer, state["q_optimizer"], members=2, **adam_kwargs)
         run_utils.load_optimizer_state(actor_optimizer, state["actor_optimizer"], **adam_kwargs)
