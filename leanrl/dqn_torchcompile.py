@@ -112,11 +112,8 @@ class QNetwork(nn.Module):
 
 
 class ReplayBuffer:
-    """Transitions as rows of one tensor preallocated on the training device, overwritten oldest first.
-
-    One row per transition: adding one is a single copy and sampling a batch a single gather, where a buffer per
-    field takes five of each; the batch is a TensorDict of views into the gathered rows, on the device that uses it.
-    """
+    """Transitions as rows of one tensor preallocated on the training device, overwritten oldest first: adding one
+    is a single copy and sampling a batch a single gather (a buffer per field takes five of each)."""
 
     def __init__(self, size, obs_dim, device):
         self.field_sizes = dict(observations=obs_dim, next_observations=obs_dim, actions=1, rewards=1, terminations=1)
@@ -184,8 +181,7 @@ def build_dqn(obs_dim, n_actions, args, device):
         loss.backward()
         return TensorDict(td_loss=loss.detach(), q_values=q_values.detach().mean())
 
-    # zero_grad and the step stay outside the compiled function: torch.optim breaks the graph anyway,
-    # and the fused step is a single kernel already.
+    # zero_grad and step stay out of the compiled function: torch.optim breaks graphs; the fused step is one kernel.
     def update(data):
         optimizer.zero_grad()
         losses = td_loss_backward(data)
@@ -211,8 +207,7 @@ def build_dqn(obs_dim, n_actions, args, device):
 
     # update looks td_loss_backward up when called, so it uses the compiled one.
     if args.compile:
-        # Trace backward() into the compiled graph (torch >= 2.11): forward and backward become one kernel
-        # program, with no autograd engine at run time. Older versions compile them as two graphs.
+        # Trace backward() into the compiled graph (torch >= 2.11): one kernel program, no autograd at run time.
         if hasattr(torch._dynamo.config, "trace_autograd_ops"):
             torch._dynamo.config.trace_autograd_ops = True
         # TensorDictParams' lock is not enforced inside compiled code; tensordict says so on every run.

@@ -304,8 +304,7 @@ def build_ppo(num_actions, args, device):
 
     # update looks loss_backward up when called, so it uses the compiled one.
     if args.compile:
-        # Trace backward() into the compiled graph (torch >= 2.11): forward and backward become one kernel
-        # program, with no autograd engine at run time. Older versions compile them as two graphs.
+        # Trace backward() into the compiled graph (torch >= 2.11): one kernel program, no autograd at run time.
         if hasattr(torch._dynamo.config, "trace_autograd_ops"):
             torch._dynamo.config.trace_autograd_ops = True
         # Compiled: fused kernels instead of one Python dispatch per op.

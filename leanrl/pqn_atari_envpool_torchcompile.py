@@ -310,8 +310,7 @@ def build_pqn(num_actions, args, device):
         # kernels beat inductor's LayerNorms there, in the update and in acting.
         q_lambda_returns = torch.compile(q_lambda_returns)
         if device.type != "cpu":
-            # Trace backward() into the compiled graph (torch >= 2.11): forward and backward become one kernel
-            # program, with no autograd engine at run time. Older versions compile them as two graphs.
+            # Trace backward() into the compiled graph (torch >= 2.11): one kernel program, no autograd at run time.
             if hasattr(torch._dynamo.config, "trace_autograd_ops"):
                 torch._dynamo.config.trace_autograd_ops = True
             loss_backward = torch.compile(loss_backward)

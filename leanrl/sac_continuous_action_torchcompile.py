@@ -191,9 +191,7 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
     """The networks, optimizers and update functions of SAC; the training loop only calls the functions."""
     actor = Actor(obs_dim, action_dim, action_low, action_high).to(device)
     # Both Q networks as one ensemble: stacked parameters, evaluated by one vmapped call instead of two.
-    qnet_params = from_modules(
-        SoftQNetwork(obs_dim, action_dim).to(device), SoftQNetwork(obs_dim, action_dim).to(device), as_module=True
-    )
+    qnet_params = from_modules(*[SoftQNetwork(obs_dim, action_dim).to(device) for _ in range(2)], as_module=True)
     qnet_params_detached = qnet_params.data  # views without autograd, made once (.data builds a TensorDict per call)
     target_qnet_params = qnet_params_detached.clone()
     qnet = SoftQNetwork(obs_dim, action_dim).to("meta")  # a shell without storage, filled with either parameter set
@@ -272,8 +270,7 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
 
     # The update functions look critic_backward and actor_backward up when called, so they use the compiled ones.
     if args.compile:
-        # Trace backward() into the compiled graph (torch >= 2.11): forward and backward become one kernel
-        # program, with no autograd engine at run time. Older versions compile them as two graphs.
+        # Trace backward() into the compiled graph (torch >= 2.11): one kernel program, no autograd at run time.
         if hasattr(torch._dynamo.config, "trace_autograd_ops"):
             torch._dynamo.config.trace_autograd_ops = True
         # TensorDictParams' lock is not enforced inside compiled code; tensordict says so on every run.

@@ -167,9 +167,7 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
     """The networks, optimizers and update functions of TD3; the training loop only calls the functions."""
     actor = Actor(obs_dim, action_dim, action_low, action_high).to(device)
     # Both Q networks as one ensemble: stacked parameters, evaluated by one vmapped call instead of two.
-    qnet_params = from_modules(
-        QNetwork(obs_dim, action_dim).to(device), QNetwork(obs_dim, action_dim).to(device), as_module=True
-    )
+    qnet_params = from_modules(*[QNetwork(obs_dim, action_dim).to(device) for _ in range(2)], as_module=True)
     qnet = QNetwork(obs_dim, action_dim).to("meta")  # a shell without storage, filled with any Q parameter set
     qnet_params_detached = qnet_params.data  # views without autograd, made once (.data builds a TensorDict per call)
     qf1_params = qnet_params_detached[0]  # Q1's, the network that scores the actor
@@ -212,8 +210,7 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
         qf_loss.backward()
         return TensorDict(qf_loss=qf_loss.detach(), qf1_values=qf_a_values[0].detach().mean())
 
-    # zero_grad and the step stay outside the compiled function: torch.optim breaks the graph anyway,
-    # and the fused step is a single kernel already.
+    # zero_grad and step stay out of the compiled function: torch.optim breaks graphs; the fused step is one kernel.
     def update_critic(data):
         q_optimizer.zero_grad()
         losses = critic_backward(data)
@@ -234,8 +231,7 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
         return losses
 
     def update_targets():
-        # One in-place lerp per TensorDict instead of a Python loop over tensors; the actor's constant buffers
-        # ride along unchanged (a lerp between equal values).
+        # One in-place lerp per TensorDict, not a Python loop over tensors (the actor's buffers: equal, unchanged).
         target_actor_params.lerp_(actor_params, args.tau)
         target_qnet_params.lerp_(qnet_params_detached, args.tau)
 
@@ -247,8 +243,7 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
 
     # The update functions look critic_backward and actor_backward up when called, so they use the compiled ones.
     if args.compile:
-        # Trace backward() into the compiled graph (torch >= 2.11): forward and backward become one kernel
-        # program, with no autograd engine at run time. Older versions compile them as two graphs.
+        # Trace backward() into the compiled graph (torch >= 2.11): one kernel program, no autograd at run time.
         if hasattr(torch._dynamo.config, "trace_autograd_ops"):
             torch._dynamo.config.trace_autograd_ops = True
         # TensorDictParams' lock is not enforced inside compiled code; tensordict says so on every run.
