@@ -164,8 +164,7 @@ def build_dqn(obs_dim, n_actions, args, device):
         target_qnet, acting_qnet = QNetwork(obs_dim, n_actions), QNetwork(obs_dim, n_actions)
     target_qnet_params = qnet_params.clone()
     qnet_params.to_module(acting_qnet, preserve_module_state=False)
-    # fused: one multi-tensor kernel per step instead of a dozen small ops per parameter;
-    # capturable: under a CUDA graph the step counter lives on the device.
+    # fused: one multi-tensor kernel per step; capturable: under a CUDA graph the step counter lives on the device.
     optimizer = torch.optim.Adam(qnet.parameters(), lr=args.learning_rate, fused=True, capturable=args.cudagraphs)
 
     # The loss and its backward pass in one function, so that --compile turns both into a single graph.

@@ -195,8 +195,7 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
     qnet_params_detached = qnet_params.data  # views without autograd, made once (.data builds a TensorDict per call)
     target_qnet_params = qnet_params_detached.clone()
     qnet = SoftQNetwork(obs_dim, action_dim).to("meta")  # a shell without storage, filled with either parameter set
-    # fused: one multi-tensor kernel per step instead of a dozen small ops per parameter;
-    # capturable: under a CUDA graph the step counter lives on the device.
+    # fused: one multi-tensor kernel per step; capturable: under a CUDA graph the step counter lives on the device.
     adam_kwargs = dict(fused=True, capturable=args.cudagraphs)
     q_optimizer = torch.optim.Adam(qnet_params.values(True, True), lr=args.q_lr, **adam_kwargs)
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr, **adam_kwargs)
@@ -277,10 +276,11 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
         warnings.filterwarnings("ignore", message=r"Using lock_\(\) inside a compiled graph")
         # Only tensor guards (closures never change in a run: 3-7% off a CPU update); a copy per call: compile pops it.
         tensor_guards_only = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
-        # Compiled: fused kernels instead of one Python dispatch per op.
-        critic_backward = torch.compile(critic_backward, options={**tensor_guards_only})
-        actor_backward = torch.compile(actor_backward, options={**tensor_guards_only})
-        policy = torch.compile(policy, options={**tensor_guards_only})
+        # Compiled: fused kernels instead of one Python dispatch per op; on CPU called from generated C++ (cpp_wrapper).
+        on_cpu = device.type == "cpu"
+        critic_backward = torch.compile(critic_backward, options={**tensor_guards_only, "cpp_wrapper": on_cpu})
+        actor_backward = torch.compile(actor_backward, options={**tensor_guards_only, "cpp_wrapper": on_cpu})
+        policy = torch.compile(policy, options={**tensor_guards_only, "cpp_wrapper": on_cpu})
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
         update_critic = CudaGraphModule(update_critic, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)

@@ -177,8 +177,7 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
     target_actor_params = actor_params.clone()
     target_actor = Actor(obs_dim, action_dim, action_low, action_high).to("meta")
     target_qnet_params = qnet_params_detached.clone()
-    # fused: one multi-tensor kernel per step instead of a dozen small ops per parameter;
-    # capturable: under a CUDA graph the step counter lives on the device.
+    # fused: one multi-tensor kernel per step; capturable: under a CUDA graph the step counter lives on the device.
     adam_kwargs = dict(fused=True, capturable=args.cudagraphs)
     q_optimizer = torch.optim.Adam(qnet_params.values(True, True), lr=args.learning_rate, **adam_kwargs)
     actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, **adam_kwargs)
