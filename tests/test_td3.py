@@ -167,14 +167,14 @@ def test_twin_compiled_updates_match_eager(device, inductor_fallback_random):
 @pytest.mark.parametrize("num_envs", [1, 16])  # the observations of one env, or of many at once (--num-envs)
 @pytest.mark.parametrize("device", DEVICES)
 def test_twin_compiled_policy_matches_eager(device, num_envs, inductor_fallback_random):
-    # --compile leaves acting eager on CPU and compiles it on CUDA: compiled here by hand, it must act the same.
-    eager = build(load_script(TWIN), device, compile=False)
-    compiled_policy = torch.compile(eager.policy)
+    module = load_script(TWIN)
+    eager = build(module, device, compile=False)
+    compiled = build(module, device, compile=True)
     obs = torch.randn(num_envs, OBS_DIM, generator=torch.Generator().manual_seed(7)).to(device)
     actions = {}
-    for label, policy in (("eager", eager.policy), ("compiled", compiled_policy)):
+    for label, td3 in (("eager", eager), ("compiled", compiled)):
         torch.manual_seed(42)
-        actions[label] = [policy(obs).clone() for _ in range(2)]
+        actions[label] = [td3.policy(obs).clone() for _ in range(2)]
     for step in range(2):
         assert actions["eager"][step].shape == (num_envs, ACTION_DIM)
         torch.testing.assert_close(actions["compiled"][step], actions["eager"][step], rtol=RTOL, atol=ATOL)
