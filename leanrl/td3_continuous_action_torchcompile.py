@@ -257,7 +257,7 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
             critic_backward, options={**tensor_guards_only, "cpp_wrapper": on_cpu, "fallback_random": on_cpu}
         )
         actor_backward = torch.compile(actor_backward, options={**tensor_guards_only, "cpp_wrapper": on_cpu})
-        policy = torch.compile(policy, options={**tensor_guards_only, "cpp_wrapper": on_cpu})
+        policy = torch.compile(policy, options={**tensor_guards_only, "cpp_wrapper": on_cpu, "fallback_random": on_cpu})
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
         update_critic = CudaGraphModule(update_critic, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
