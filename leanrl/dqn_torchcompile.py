@@ -215,9 +215,8 @@ def build_dqn(obs_dim, n_actions, args, device):
         tensor_guards_only = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
         # On CPU the graph is called from generated C++ instead of Python (cpp_wrapper). There the training loop acts
         # with the eager greedy_actions: one observation through three small layers is faster than a compiled call.
-        td_loss_backward = torch.compile(
-            td_loss_backward, options={**tensor_guards_only, "cpp_wrapper": device.type == "cpu"}
-        )
+        on_cpu = device.type == "cpu"
+        td_loss_backward = torch.compile(td_loss_backward, options={**tensor_guards_only, "cpp_wrapper": on_cpu})
         policy = torch.compile(policy, options={**tensor_guards_only})
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
