@@ -11,10 +11,12 @@ TD3, continuous PPO, DQN keep only the tensors' guards): what dynamo's full chec
 A second table puts each update next to its matmul floor, measured in the same run: the matrix products (and PPO
 Atari's convolutions) that the twin's update makes, recorded with their shapes and strides, replayed alone on random
 tensors. Their FLOPs divided by that time is this machine's fp32 rate at those shapes; the floor is what the update
-would take if it did nothing but these products.
+would take if it did nothing but these products. With --pieces, SAC's and TD3's critic update and actor update are
+also timed on their own, each next to the products it makes: which of the two is further from its floor.
 
     python benchmarks/micro_benchmark.py                         # every algorithm, on CPU (and CUDA if present)
     python benchmarks/micro_benchmark.py --algos sac --repeats 7 --out micro.md
+    python benchmarks/micro_benchmark.py --algos td3 --configs "twin --compile" --pieces --repeats 9
     python benchmarks/micro_benchmark.py --algos dqn --configs "plain (eager)" "twin (eager)" --repeats 1 --calls 2
                                                                  # a smoke run: seconds, its times meaningless
 """
@@ -138,6 +140,12 @@ def dqn_update(agent, batch, which):
     agent.update(batch if which == "twin" else dict(batch.items()))
 
 
+# The parts of an off-policy update that --pieces times on their own, each against its own products.
+PIECES = {"critic update": lambda agent, batch: agent.update_critic(batch),
+          "actor update": lambda agent, batch: agent.update_actor(batch)}  # fmt: skip
+PIECE_ALGOS = ("sac", "td3")
+
+
 def policy_act(agent, obs, which):
     return agent.policy(obs)
 
@@ -212,7 +220,8 @@ CONFIGS = {
 }
 
 
-CALLS_PER_TIMING = {"act": 200, "update": 50, "matmul floor": 50}  # calls per timed run, by measure
+# calls per timed run, by measure
+CALLS_PER_TIMING = {"act": 200, "update": 50, "matmul floor": 50, **dict.fromkeys(PIECES, 50)}
 
 
 def time_per_call(fn, calls):
@@ -241,9 +250,9 @@ def every_guard():
         torch.compile = compile_
 
 
-def prepare(algo, config, device, acting=True, **more_inductor_options):
+def prepare(algo, config, device, acting=True, pieces=False, **more_inductor_options):
     """{(measure, batch): a call to time} for one algorithm, configuration and device, compiled and warmed up; without
-    acting, only the update."""
+    acting, only the update; with pieces (SAC, TD3), the critic's and the actor's update too."""
     plain_name, build, update, train_batch, make_batch, act, observations, act_batches = ALGOS[algo]
     which, flags, inductor_options, _ = CONFIGS[config]
     inductor_options = {**inductor_options, **more_inductor_options}
@@ -268,6 +277,8 @@ def prepare(algo, config, device, acting=True, **more_inductor_options):
             calls[("act", batch)] = lambda obs=obs, actor=actor: act(actor, obs, which)
         data = make_batch(train_batch, device)
         calls[("update", train_batch)] = lambda: update(agent, data, which)
+        for piece, piece_update in PIECES.items() if pieces else ():
+            calls[(piece, train_batch)] = lambda piece_update=piece_update: piece_update(agent, data)
         for call in calls.values():
             for _ in range(10):  # compile and warm up (CUDA graphs are recorded after a few calls)
                 call()
@@ -294,8 +305,9 @@ class MatmulRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def prepare_matmul_floor(algo, device):
-    """(FLOPs, a call that replays alone the matrix products of one update of the eager twin)."""
+def prepare_matmul_floor(algo, device, piece=None):
+    """(FLOPs, a call that replays alone the matrix products of one update of the eager twin, or of one of its
+    PIECES)."""
     plain_name, build, update, train_batch, make_batch, *_ = ALGOS[algo]
     module = load_script(f"{plain_name}_torchcompile")
     torch.manual_seed(0)
@@ -304,7 +316,7 @@ def prepare_matmul_floor(algo, device):
     for _ in range(3):
         update(agent, data, "twin")
     with FlopCounterMode(display=False) as flop_counter, MatmulRecorder() as recorder:
-        update(agent, data, "twin")
+        PIECES[piece](agent, data) if piece else update(agent, data, "twin")
 
     def random_tensor(shape, stride):
         storage_size = 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
@@ -354,18 +366,23 @@ def update_breakdown(algo, config, calls):
     return {kind: value / calls for kind, value in seconds.items()}
 
 
-def measure(algo, configs, device, repeats):
-    """{configuration: {(measure, batch): median seconds per call}}, and the update's FLOPs.
+def measure(algo, configs, device, repeats, pieces=False):
+    """{configuration: {(measure, batch): median seconds per call}}, and the update's FLOPs; "matmul floor" holds the
+    floors, of the update and (with pieces, SAC and TD3) of each of PIECES.
 
     Every configuration is compiled first; then each repeat times every call of every configuration in turn,
     the matmul floor among them, so that a slow spell of a shared machine hits all of them alike.
     """
+    pieces = pieces and algo in PIECE_ALGOS
     calls = {}
     for config in configs:
         print(f"{algo} on {device.type}: compiling and warming up {config}", flush=True)
-        calls[config] = prepare(algo, config, device)
+        calls[config] = prepare(algo, config, device, pieces=pieces)
+    train_batch = ALGOS[algo][3]
     flops, run_matmuls = prepare_matmul_floor(algo, device)
-    calls["matmul floor"] = {("matmul floor", ALGOS[algo][3]): run_matmuls}
+    calls["matmul floor"] = {("matmul floor", train_batch): run_matmuls}
+    for piece in PIECES if pieces else ():
+        calls["matmul floor"][(piece, train_batch)] = prepare_matmul_floor(algo, device, piece)[1]
     times = {config: {key: [] for key in config_calls} for config, config_calls in calls.items()}
     for repeat in range(repeats):
         print(f"{algo} on {device.type}: timing, repeat {repeat + 1} of {repeats}", flush=True)
@@ -395,6 +412,11 @@ def main():
         help="also profile each configuration's CPU update: the time of its matrix products, of inductor's fused "
         "kernels, of the optimizer, and the rest",
     )
+    parser.add_argument(
+        "--pieces",
+        action="store_true",
+        help="SAC and TD3: also time the critic's update and the actor's update alone, each against its own products",
+    )
     args = parser.parse_args()
     if args.repeats <= 0:
         parser.error("--repeats must be positive")
@@ -419,16 +441,25 @@ def main():
         "|---|---|---|---|---|---|---|---|",
     ]
     floors = {}  # (algo, device type) -> (FLOPs, floor, {configuration: update seconds})
+    piece_rows = []
     for algo, device_type in itertools.product(args.algos, devices):
         device = torch.device(device_type)
         configs = [config for config in args.configs if device_type in CONFIGS[config][3]]
-        measured, flops = measure(algo, configs, device, args.repeats)
+        measured, flops = measure(algo, configs, device, args.repeats, args.pieces)
         train_batch = ALGOS[algo][3]
+        floor_of = measured.pop("matmul floor")
         floors[(algo, device_type)] = (
             flops,
-            measured.pop("matmul floor")[("matmul floor", train_batch)],
+            floor_of[("matmul floor", train_batch)],
             {config: measured[config][("update", train_batch)] for config in configs},
         )
+        for piece, config in itertools.product(PIECES, configs):
+            if (piece, train_batch) in floor_of:
+                seconds, floor = measured[config][(piece, train_batch)], floor_of[(piece, train_batch)]
+                piece_rows.append(
+                    f"| {algo} | {device_type} | {piece} | {floor * 1e6:.0f} | {config} | {seconds * 1e6:.0f} "
+                    f"({seconds / floor:.2f}x) |"
+                )
         baseline = measured.get("plain (eager)")
         for key in measured[configs[0]]:
             for config in configs:
@@ -452,6 +483,13 @@ def main():
                 f"{flops / floor / 1e9:.0f} | {plain * 1e6:.0f} ({plain / floor:.2f}x) | "
                 f"{twin * 1e6:.0f} ({twin / floor:.2f}x) |"
             )
+    if piece_rows:
+        lines += [
+            "",
+            "| algorithm | device | piece | its matmul floor (us) | configuration | us (x floor) |",
+            "|---|---|---|---|---|---|",
+            *piece_rows,
+        ]
     if args.breakdown and "cpu" in devices:
         kinds = ["update", *BREAKDOWN, "the rest"]
         lines += [

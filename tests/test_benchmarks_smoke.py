@@ -56,21 +56,28 @@ def test_every_tool_has_a_smoke_test():
 
 def test_micro_benchmark_times_every_algorithm_and_configuration(tmp_path):
     out = tmp_path / "micro.md"
-    completed = run_tool("micro_benchmark.py", "--repeats", "1", "--calls", "1", "--out", out, env=NO_COMPILE)
+    args = ["--pieces", "--repeats", "1", "--calls", "1", "--out", out]
+    completed = run_tool("micro_benchmark.py", *args, env=NO_COMPILE)
     assert completed.returncode == 0, describe(completed)
     text = out.read_text()
     assert text.strip() in completed.stdout
     configs = ["plain (eager)", "twin (eager)", "twin --compile", "twin --compile, max-autotune",
                "twin --compile, cpp_wrapper", "twin --compile, every guard"]  # fmt: skip
-    rows = table_rows(text, r"(sac|td3|ppo_continuous|dqn|ppo_atari) \| cpu \| (act|update)")
+    measures = "act|update|critic update|actor update"
+    rows = table_rows(text, rf"(sac|td3|ppo_continuous|dqn|ppo_atari) \| cpu \| ({measures}) \| \d")
+    rows = [row for row in rows if len(row) == 8]  # the first table's, not the pieces table's (6 cells)
     measured = {(algo, measure, int(batch), config) for algo, _, measure, batch, config, *_ in rows}
     action_batches = (1, 4, 16, 256)
     algos = (("sac", 256, action_batches), ("td3", 256, action_batches), ("ppo_continuous", 64, action_batches),
              ("dqn", 128, action_batches), ("ppo_atari", 256, (8,)))  # fmt: skip
+    pieces = {"sac": ("critic update", "actor update"), "td3": ("critic update", "actor update")}
     expected = {
         (algo, measure, batch, config)
         for algo, update_batch, act_batches in algos
-        for measure, batch in [*(("act", b) for b in act_batches), ("update", update_batch)]
+        for measure, batch in [
+            *(("act", b) for b in act_batches),
+            *((m, update_batch) for m in ("update", *pieces.get(algo, ()))),
+        ]
         for config in configs
     }
     assert measured == expected and len(rows) == len(expected)
@@ -79,6 +86,14 @@ def test_micro_benchmark_times_every_algorithm_and_configuration(tmp_path):
     floors = table_rows(text, r"(sac|td3|ppo_continuous|dqn|ppo_atari) \| cpu \| \d+ \| \d")
     assert [row[0] for row in floors] == [algo for algo, *_ in algos]
     assert all(float(row[3]) > 0 for row in floors), floors  # GFLOP per update, counted
+    # --pieces: SAC's and TD3's critic and actor updates, each next to its own products' floor, below the update's.
+    piece_rows = [row for row in table_rows(text, r"(sac|td3) \| cpu \| (critic|actor) update") if len(row) == 6]
+    update_floor = {row[0]: float(row[4]) for row in floors}
+    assert {(algo, piece, config) for algo, _, piece, _, config, _ in piece_rows} == {
+        (algo, piece, config) for algo, algo_pieces in pieces.items() for piece in algo_pieces for config in configs
+    }
+    for algo, _, piece, floor, _, us in piece_rows:
+        assert 0 < float(floor) < update_floor[algo] and re.fullmatch(r"\d+ \(\d+\.\d\dx\)", us), (algo, piece, us)
 
 
 def test_micro_benchmark_breaks_an_update_down_by_kind_of_work(tmp_path):
