@@ -305,9 +305,9 @@ class MatmulRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def prepare_matmul_floor(algo, device, piece=None):
-    """(FLOPs, a call that replays alone the matrix products of one update of the eager twin, or of one of its
-    PIECES)."""
+def prepare_matmul_floors(algo, device, pieces=False):
+    """(the update's FLOPs, {(measure, batch): a call that replays alone the matrix products of one update of the eager
+    twin}), measure "matmul floor"; with pieces, also those of each of PIECES, measured by its name."""
     plain_name, build, update, train_batch, make_batch, *_ = ALGOS[algo]
     module = load_script(f"{plain_name}_torchcompile")
     torch.manual_seed(0)
@@ -315,25 +315,34 @@ def prepare_matmul_floor(algo, device, piece=None):
     data = make_batch(train_batch, device)
     for _ in range(3):
         update(agent, data, "twin")
-    with FlopCounterMode(display=False) as flop_counter, MatmulRecorder() as recorder:
-        PIECES[piece](agent, data) if piece else update(agent, data, "twin")
+    steps = {"matmul floor": lambda: update(agent, data, "twin")}
+    steps.update({piece: lambda step=step: step(agent, data) for piece, step in PIECES.items()} if pieces else {})
 
     def random_tensor(shape, stride):
         storage_size = 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
         return torch.randn(storage_size, device=device).as_strided(shape, stride)
 
-    replay = [
-        (func, [random_tensor(*a) if isinstance(a, tuple) else a for a in layouts], kwargs)
-        for func, layouts, kwargs in recorder.calls
-    ]
+    def replay_of(recorder):
+        replay = [
+            (func, [random_tensor(*a) if isinstance(a, tuple) else a for a in layouts], kwargs)
+            for func, layouts, kwargs in recorder.calls
+        ]
 
-    def run_matmuls():
-        for func, args, kwargs in replay:
-            func(*args, **kwargs)
+        def run_matmuls():
+            for func, args, kwargs in replay:
+                func(*args, **kwargs)
 
-    for _ in range(10):
-        run_matmuls()
-    return flop_counter.get_total_flops(), run_matmuls
+        for _ in range(10):
+            run_matmuls()
+        return run_matmuls
+
+    flops, floors = {}, {}
+    for measure, step in steps.items():
+        with FlopCounterMode(display=False) as flop_counter, MatmulRecorder() as recorder:
+            step()
+        flops[measure] = flop_counter.get_total_flops()
+        floors[(measure, train_batch)] = replay_of(recorder)
+    return flops["matmul floor"], floors
 
 
 # Where an update's time goes on a CPU, by the profiler's events: their own time (not their children's), but the
@@ -378,11 +387,7 @@ def measure(algo, configs, device, repeats, pieces=False):
     for config in configs:
         print(f"{algo} on {device.type}: compiling and warming up {config}", flush=True)
         calls[config] = prepare(algo, config, device, pieces=pieces)
-    train_batch = ALGOS[algo][3]
-    flops, run_matmuls = prepare_matmul_floor(algo, device)
-    calls["matmul floor"] = {("matmul floor", train_batch): run_matmuls}
-    for piece in PIECES if pieces else ():
-        calls["matmul floor"][(piece, train_batch)] = prepare_matmul_floor(algo, device, piece)[1]
+    flops, calls["matmul floor"] = prepare_matmul_floors(algo, device, pieces)
     times = {config: {key: [] for key in config_calls} for config, config_calls in calls.items()}
     for repeat in range(repeats):
         print(f"{algo} on {device.type}: timing, repeat {repeat + 1} of {repeats}", flush=True)
