@@ -21,6 +21,14 @@ episode there, so it is not step for step the run that was not interrupted.
 With --keep-model a finished run's last checkpoint, the trained agent, is kept beside its record (same name, .pt; the
 record's "model"), to evaluate and watch: the script with the record's flags and seed, `--save-model --resume` that
 file (a finished run trains no further) and --eval-episodes N, --capture-video.
+With --also-bf16 each seed runs twice, with the flags given and with --bf16 added, one after the other, both recorded
+in --out (one curve each in the plot): a learning comparison of fp32 and bf16 is one command. It is refused where the
+device the scripts pick does not compute bf16 natively (there --bf16 is off: both runs would be fp32's).
+
+    OMP_NUM_THREADS=1 python benchmarks/learning_curves.py run --script td3_continuous_action_torchcompile \
+        --seeds 1 2 --also-bf16 --out docs/curves/td3_bf16 --checkpoint-every 50000 \
+        -- --compile --total-timesteps 300000
+
 With --processes N (a distributed script of leanrl/) each run is a world of N processes on this machine, started by
 torchrun (its record's name ends in _worldN_seed<S>.json); such a run is neither checkpointed nor kept.
 
@@ -533,37 +541,47 @@ def run_batch(script, flags, options):
         fail(f"--out {out} is a file, not a folder")
     out.mkdir(parents=True, exist_ok=True)
 
+    variants = [flags]
+    if options.also_bf16:
+        if "--bf16" in flags:
+            fail("--also-bf16 adds --bf16 to a second run of each seed: leave it out of the script's flags")
+        if not describe_machine()["native_bf16"]:
+            fail("--also-bf16: this machine does not compute bf16 natively (AMX, AVX512-BF16, a CUDA GPU of compute "
+                 "capability 8+): its --bf16 runs would be fp32 runs")  # fmt: skip
+        variants.append([*flags, "--bf16"])
     others = {
         shlex.join(record["flags"])
         for record in map(read_record, sorted(out.glob("*.json")))
-        if record and record["script"] == script.name and record["flags"] != flags
+        if record and record["script"] == script.name and record["flags"] not in variants
     }
     for other in sorted(others):
         say(f"{out} also holds records of {script.name} with other flags ({other}): not taken for these")
 
     failed = []
-    for seed in seeds:
+    for seed, flags in ((seed, flags) for seed in seeds for flags in variants):  # fp32 and bf16 of a seed together
+        label = f"seed {seed}" + (" --bf16" if flags is not variants[0] else "")
         path = out / record_name(script.stem, flags, seed, options.processes)
         if path.exists():
             record = read_record(path)
             this_run = (script.name, flags, seed, options.processes)
             if record is None or (record["script"], record["flags"], record["seed"], record["world_size"]) != this_run:
                 fail(f"{path} is not the record of this run (seed {seed}): move it away to run the seed again")
-            say(f"seed {seed}: done before, skipped ({path})")
+            say(f"{label}: done before, skipped ({path})")
             continue
         command = [*launcher(options.processes), shown_path(script), *flags, "--seed", str(seed)]
-        say(f"seed {seed}: {shlex.join(command)}")
+        say(f"{label}: {shlex.join(command)}")
         status = run_child(script, seed, flags, path, options)
         if status == 2:
             sys.exit(2)  # the script refused its flags and said why: every seed would
         if status != 0 or not path.exists():
-            failed.append(seed)
-            say(f"seed {seed} failed (exit status {status}): no record")
+            failed.append(label)
+            say(f"{label} failed (exit status {status}): no record")
         else:
-            say(f"seed {seed}: recorded in {path}")
+            say(f"{label}: recorded in {path}")
     if failed:
-        fail(f"seeds {' '.join(map(str, failed))} failed; the same command runs them again", status=1)
-    say(f"all {len(seeds)} seeds recorded in {out}; plot: python {TOOL} plot {out}")
+        fail(f"{', '.join(failed)} failed; the same command runs them again", status=1)
+    say(f"all {len(seeds)} seeds{' (fp32 and bf16)' if options.also_bf16 else ''} recorded in {out}; plot: "
+        f"python {TOOL} plot {out}")  # fmt: skip
 
 
 # --- plot: curves and the table -----------------------------------------------------------------------------------
@@ -910,6 +928,7 @@ def main():
     run.add_argument("--keep-model", action="store_true", help="keep each run's trained agent beside its record (.pt)")
     run.add_argument("--processes", type=int, default=1, help="a distributed script's world size (torchrun)")
     run.add_argument("--random-games", type=int, default=100, help="an Atari game's random-policy games (0: none)")
+    run.add_argument("--also-bf16", action="store_true", help="each seed also with --bf16 added (where bf16 is native)")
     one = commands.add_parser("record", help="one run in this process (what run starts per seed)")
     one.add_argument("--script", required=True)
     one.add_argument("--seed", type=int, required=True)

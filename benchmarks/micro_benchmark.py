@@ -6,17 +6,24 @@ configuration gets a fresh copy of the script, so compiled code is never shared 
 configurations are compiled first, then timed in turn within each repeat (a slow spell of a shared machine hits them
 alike); times are medians over the repeats of many calls each, and the speed-up is against the plain script in eager
 mode. "twin --compile, every guard" is the twin compiled without the guard_filter_fn it gives torch.compile (SAC,
-TD3, continuous PPO, DQN keep only the tensors' guards): what dynamo's full checks cost each call.
+TD3, continuous PPO, DQN skip those on the code's structure, run_utils.value_guards): what dynamo's full checks cost
+each call; "twin --compile, tensor guards only" keeps only the tensors' guards, as these twins did until a second build
+in one process was found to reuse the first build's graph: what the value guards cost over that unsafe filter. The
+--bf16 configurations (SAC, TD3, PPO Atari: the twins with the switch) run only where the device computes bf16
+natively (run_utils.native_bf16); elsewhere a line says they are skipped.
 
 A second table puts each update next to its matmul floor, measured in the same run: the matrix products (and PPO
-Atari's convolutions) that the twin's update makes, recorded with their shapes and strides, replayed alone on random
-tensors. Their FLOPs divided by that time is this machine's fp32 rate at those shapes; the floor is what the update
+Atari's convolutions) that the twin's update makes, recorded with their shapes, strides and dtypes, replayed alone on
+random tensors; the --bf16 update next to the floor of the eager --bf16 twin's products (bf16 where autocast runs them
+in bf16). Their FLOPs divided by that time is this machine's fp32 rate at those shapes; the floor is what the update
 would take if it did nothing but these products. With --pieces, SAC's and TD3's critic update and actor update are
 also timed on their own, each next to the products it makes: which of the two is further from its floor.
 
     python benchmarks/micro_benchmark.py                         # every algorithm, on CPU (and CUDA if present)
     python benchmarks/micro_benchmark.py --algos sac --repeats 7 --out micro.md
     python benchmarks/micro_benchmark.py --algos td3 --configs "twin --compile" --pieces --repeats 9
+    python benchmarks/micro_benchmark.py --algos sac td3 --configs "plain (eager)" "twin --compile" \
+        "twin --compile --bf16" --repeats 9                       # bf16 against fp32, each against its floor
     python benchmarks/micro_benchmark.py --algos dqn --configs "plain (eager)" "twin (eager)" --repeats 1 --calls 2
                                                                  # a smoke run: seconds, its times meaningless
 """
@@ -43,6 +50,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "leanrl"))  # the scripts import run_utils from their folder
+import run_utils  # noqa: E402
+
 OBS_DIM, ACTION_DIM = 17, 6  # HalfCheetah-v5
 CARTPOLE_OBS_DIM, CARTPOLE_ACTIONS = 4, 2  # DQN's default env, CartPole-v1
 ATARI_FRAMES, ATARI_ACTIONS = (4, 84, 84), 4  # PPO Atari's stacked frames; Breakout-v5's actions
@@ -216,8 +225,17 @@ CONFIGS = {
     "twin --compile, cpp_wrapper": ("twin", {"compile": True}, {"cpp_wrapper": True}, ("cpu", "cuda")),
     # The twin compiled without its guard_filter_fn (SAC, TD3, continuous PPO, DQN): dynamo checks every guard.
     "twin --compile, every guard": ("twin", {"compile": True}, {}, ("cpu", "cuda")),
+    # The same twins with only the tensors' guards (torch.compiler.keep_tensor_guards_unsafe): unsafe, measured only.
+    "twin --compile, tensor guards only": ("twin", {"compile": True}, {}, ("cpu", "cuda")),
+    # Hidden layers in bf16 (the twins with --bf16), where the device computes bf16 natively.
+    "twin --compile --bf16": ("twin", {"compile": True, "bf16": True}, {}, ("cpu", "cuda")),
     "twin --compile --cudagraphs": ("twin", {"compile": True, "cudagraphs": True}, {}, ("cuda",)),
 }
+
+
+# The configurations that replace a twin's guard_filter_fn, by what they replace it with (None: no filter).
+OTHER_GUARDS = {"twin --compile, every guard": None,
+                "twin --compile, tensor guards only": torch.compiler.keep_tensor_guards_unsafe}  # fmt: skip
 
 
 # calls per timed run, by measure
@@ -235,15 +253,18 @@ def time_per_call(fn, calls):
 
 
 @contextlib.contextmanager
-def every_guard():
-    """torch.compile without the guard_filter_fn a twin gives it, for the twins built in this context."""
+def other_guards(guard_filter_fn):
+    """torch.compile with this guard_filter_fn (None: none, every guard) in place of the one a twin gives it, for the
+    twins built in this context."""
     compile_ = torch.compile
 
-    def compile_with_every_guard(fn, *args, options=None, **kwargs):
-        options = {key: value for key, value in (options or {}).items() if key != "guard_filter_fn"}
+    def compile_with_other_guards(fn, *args, options=None, **kwargs):
+        options = dict(options or {})
+        if options.pop("guard_filter_fn", None) and guard_filter_fn:
+            options["guard_filter_fn"] = guard_filter_fn
         return compile_(fn, *args, options=options, **kwargs)
 
-    torch.compile = compile_with_every_guard
+    torch.compile = compile_with_other_guards
     try:
         yield
     finally:
@@ -262,7 +283,7 @@ def prepare(algo, config, device, acting=True, pieces=False, **more_inductor_opt
         """The agent of a fresh copy of the script: compiled code of its own (dynamo keeps it per code object)."""
         torch.manual_seed(0)
         module = load_script(script)
-        with every_guard() if config == "twin --compile, every guard" else contextlib.nullcontext():
+        with other_guards(OTHER_GUARDS[config]) if config in OTHER_GUARDS else contextlib.nullcontext():
             return build(module, module.Args(**flags), device)
 
     agent = new_agent()
@@ -291,8 +312,8 @@ FLOOR_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.
 
 
 class MatmulRecorder(TorchDispatchMode):
-    """Notes every matrix product (or convolution) made under it: the op, and the shape and strides of each tensor
-    argument."""
+    """Notes every matrix product (or convolution) made under it: the op, and the shape, strides and dtype of each
+    tensor argument."""
 
     def __init__(self):
         super().__init__()
@@ -300,27 +321,28 @@ class MatmulRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in FLOOR_OPS:
-            layouts = [(a.shape, a.stride()) if isinstance(a, torch.Tensor) else a for a in args]
+            layouts = [(a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
             self.calls.append((func, layouts, kwargs or {}))
         return func(*args, **(kwargs or {}))
 
 
-def prepare_matmul_floors(algo, device, pieces=False):
+def prepare_matmul_floors(algo, device, pieces=False, bf16=False):
     """(the update's FLOPs, {(measure, batch): a call that replays alone the matrix products of one update of the eager
-    twin}), measure "matmul floor"; with pieces, also those of each of PIECES, measured by its name."""
+    twin (with bf16, the --bf16 twin's)}), measure "matmul floor"; with pieces, also those of each of PIECES, measured
+    by its name."""
     plain_name, build, update, train_batch, make_batch, *_ = ALGOS[algo]
     module = load_script(f"{plain_name}_torchcompile")
     torch.manual_seed(0)
-    agent = build(module, module.Args(), device)
+    agent = build(module, module.Args(bf16=True) if bf16 else module.Args(), device)
     data = make_batch(train_batch, device)
     for _ in range(3):
         update(agent, data, "twin")
     steps = {"matmul floor": lambda: update(agent, data, "twin")}
     steps.update({piece: lambda step=step: step(agent, data) for piece, step in PIECES.items()} if pieces else {})
 
-    def random_tensor(shape, stride):
+    def random_tensor(shape, stride, dtype):
         storage_size = 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
-        return torch.randn(storage_size, device=device).as_strided(shape, stride)
+        return torch.randn(storage_size, device=device, dtype=dtype).as_strided(shape, stride)
 
     def replay_of(recorder):
         replay = [
@@ -375,9 +397,15 @@ def update_breakdown(algo, config, calls):
     return {kind: value / calls for kind, value in seconds.items()}
 
 
+def has_bf16(algo):
+    """Whether the algorithm's twin has --bf16."""
+    return hasattr(load_script(f"{ALGOS[algo][0]}_torchcompile").Args, "bf16")
+
+
 def measure(algo, configs, device, repeats, pieces=False):
     """{configuration: {(measure, batch): median seconds per call}}, and the update's FLOPs; "matmul floor" holds the
-    floors, of the update and (with pieces, SAC and TD3) of each of PIECES.
+    floors, of the update and (with pieces, SAC and TD3) of each of PIECES; "matmul floor (bf16)" those of the --bf16
+    twin, when a --bf16 configuration is among them.
 
     Every configuration is compiled first; then each repeat times every call of every configuration in turn,
     the matmul floor among them, so that a slow spell of a shared machine hits all of them alike.
@@ -388,6 +416,8 @@ def measure(algo, configs, device, repeats, pieces=False):
         print(f"{algo} on {device.type}: compiling and warming up {config}", flush=True)
         calls[config] = prepare(algo, config, device, pieces=pieces)
     flops, calls["matmul floor"] = prepare_matmul_floors(algo, device, pieces)
+    if any(CONFIGS[config][1].get("bf16") for config in configs):
+        calls["matmul floor (bf16)"] = prepare_matmul_floors(algo, device, pieces, bf16=True)[1]
     times = {config: {key: [] for key in config_calls} for config, config_calls in calls.items()}
     for repeat in range(repeats):
         print(f"{algo} on {device.type}: timing, repeat {repeat + 1} of {repeats}", flush=True)
@@ -450,17 +480,26 @@ def main():
     for algo, device_type in itertools.product(args.algos, devices):
         device = torch.device(device_type)
         configs = [config for config in args.configs if device_type in CONFIGS[config][3]]
+        if not has_bf16(algo) or not run_utils.native_bf16(device):
+            skipped = [config for config in configs if CONFIGS[config][1].get("bf16")]
+            configs = [config for config in configs if config not in skipped]
+            if skipped:
+                why = "has no --bf16" if not has_bf16(algo) else f"{device} does not compute bf16 natively"
+                print(f"{algo} on {device_type}: skipping {', '.join(skipped)}: its twin {why}", flush=True)
         measured, flops = measure(algo, configs, device, args.repeats, args.pieces)
         train_batch = ALGOS[algo][3]
         floor_of = measured.pop("matmul floor")
+        bf16_floor_of = measured.pop("matmul floor (bf16)", {})
         floors[(algo, device_type)] = (
             flops,
             floor_of[("matmul floor", train_batch)],
             {config: measured[config][("update", train_batch)] for config in configs},
+            bf16_floor_of.get(("matmul floor", train_batch)),
         )
         for piece, config in itertools.product(PIECES, configs):
             if (piece, train_batch) in floor_of:
-                seconds, floor = measured[config][(piece, train_batch)], floor_of[(piece, train_batch)]
+                floors_here = bf16_floor_of if CONFIGS[config][1].get("bf16") else floor_of
+                seconds, floor = measured[config][(piece, train_batch)], floors_here[(piece, train_batch)]
                 piece_rows.append(
                     f"| {algo} | {device_type} | {piece} | {floor * 1e6:.0f} | {config} | {seconds * 1e6:.0f} "
                     f"({seconds / floor:.2f}x) |"
@@ -478,15 +517,21 @@ def main():
         lines += [
             "",
             "| algorithm | device | update batch | GFLOP per update | matmul floor (us) | GFLOP/s at these shapes |"
-            " plain (eager), us (x floor) | twin --compile, us (x floor) |",
-            "|---|---|---|---|---|---|---|---|",
+            " plain (eager), us (x floor) | twin --compile, us (x floor) | bf16 matmul floor (us) |"
+            " twin --compile --bf16, us (x bf16 floor) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for (algo, device_type), (flops, floor, updates) in floors.items():
-            plain, twin = updates["plain (eager)"], updates["twin --compile"]
+        for (algo, device_type), (flops, floor, updates, bf16_floor) in floors.items():
+            plain, twin, bf16 = (
+                updates["plain (eager)"],
+                updates["twin --compile"],
+                updates.get("twin --compile --bf16"),
+            )
+            bf16_cells = f"{bf16_floor * 1e6:.0f} | {bf16 * 1e6:.0f} ({bf16 / bf16_floor:.2f}x)" if bf16 else "– | –"
             lines.append(
                 f"| {algo} | {device_type} | {ALGOS[algo][3]} | {flops / 1e9:.3f} | {floor * 1e6:.0f} | "
                 f"{flops / floor / 1e9:.0f} | {plain * 1e6:.0f} ({plain / floor:.2f}x) | "
-                f"{twin * 1e6:.0f} ({twin / floor:.2f}x) |"
+                f"{twin * 1e6:.0f} ({twin / floor:.2f}x) | {bf16_cells} |"
             )
     if piece_rows:
         lines += [

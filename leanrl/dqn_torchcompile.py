@@ -211,13 +211,13 @@ def build_dqn(obs_dim, n_actions, args, device):
             torch._dynamo.config.trace_autograd_ops = True
         # TensorDictParams' lock is not enforced inside compiled code; tensordict says so on every run.
         warnings.filterwarnings("ignore", message=r"Using lock_\(\) inside a compiled graph")
-        # Only tensor guards (closures never change in a run: 3-7% off a CPU update); a copy per call: compile pops it.
-        tensor_guards_only = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+        # Guards on values, not on the code's structure (fewer checks a call); a copy per call: compile pops it.
+        value_guards = {"guard_filter_fn": run_utils.value_guards}
         # On CPU the graph is called from generated C++ instead of Python (cpp_wrapper). There the training loop acts
         # with the eager greedy_actions: one observation through three small layers is faster than a compiled call.
         on_cpu = device.type == "cpu"
-        td_loss_backward = torch.compile(td_loss_backward, options={**tensor_guards_only, "cpp_wrapper": on_cpu})
-        policy = torch.compile(policy, options={**tensor_guards_only})
+        td_loss_backward = torch.compile(td_loss_backward, options={**value_guards, "cpp_wrapper": on_cpu})
+        policy = torch.compile(policy, options={**value_guards})
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
         update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)

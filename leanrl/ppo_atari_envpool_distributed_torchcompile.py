@@ -166,17 +166,17 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
-    # .float(): under --bf16 the heads' outputs back to fp32, so the distribution and the losses are computed in fp32.
+    # Under --bf16 the heads stay fp32 (fp32_head): logits and values set the PPO ratio and the losses.
     def get_value(self, x):
-        return self.critic(self.network(x / 255.0)).float()
+        return run_utils.fp32_head(self.critic, self.network(x / 255.0))
 
     def get_action_and_value(self, x, action=None):
         hidden = self.network(x / 255.0)
-        logits = self.actor(hidden).float()
+        logits = run_utils.fp32_head(self.actor, hidden)
         probs = Categorical(logits=logits, validate_args=False)
         if action is None:
             action = probs.sample()
-        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).float()
+        return action, probs.log_prob(action), probs.entropy(), run_utils.fp32_head(self.critic, hidden)
 
 
 def compute_advantages(rewards, values, dones, next_value, next_done, gamma, gae_lambda):

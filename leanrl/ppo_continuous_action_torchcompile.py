@@ -275,13 +275,13 @@ def build_ppo(obs_dim, action_dim, args, device):
         # Trace backward() into the compiled graph (torch >= 2.11): one kernel program, no autograd at run time.
         if hasattr(torch._dynamo.config, "trace_autograd_ops"):
             torch._dynamo.config.trace_autograd_ops = True
-        # Only tensor guards (closures never change in a run: 3-7% off a CPU update); a copy per call: compile pops it.
-        tensor_guards_only = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+        # Guards on values, not on the code's structure (fewer checks a call); a copy per call: compile pops it.
+        value_guards = {"guard_filter_fn": run_utils.value_guards}
         # Compiled: fused kernels instead of one Python dispatch per op; on CPU called from generated C++ (cpp_wrapper).
         on_cpu = device.type == "cpu"
-        loss_backward = torch.compile(loss_backward, options={**tensor_guards_only, "cpp_wrapper": on_cpu})
-        policy = torch.compile(policy, options={**tensor_guards_only, "cpp_wrapper": on_cpu})
-        gae = torch.compile(gae, options={**tensor_guards_only})
+        loss_backward = torch.compile(loss_backward, options={**value_guards, "cpp_wrapper": on_cpu})
+        policy = torch.compile(policy, options={**value_guards, "cpp_wrapper": on_cpu})
+        gae = torch.compile(gae, options={**value_guards})
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
         update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)

@@ -189,7 +189,8 @@ class QNetwork(nn.Module):
         )
 
     def forward(self, x):
-        return self.network(x / 255.0).float()  # under --bf16 the Q values back to fp32, for the loss and the argmax
+        # Under --bf16 the last layer stays fp32 (fp32_head): the Q values set the targets, the loss and the argmax.
+        return run_utils.fp32_head(self.network[-1], self.network[:-1](x / 255.0))
 
 
 def epsilon_greedy(q_values, epsilon):

@@ -554,3 +554,25 @@ def load_optimizer_state(optimizer, state, members=1, **settings):
         }}  # fmt: skip
         groups = [{**group, "params": list(range(n))} for group in groups]
     optimizer.load_state_dict({**state, "param_groups": groups})
+
+
+def fp32_head(head, hidden):
+    """A network's last layer in fp32, even under --bf16's autocast: its outputs (logits, values, Q values) set a ratio,
+    a target or a loss, where bf16's 8 significant bits would show (a Q value near 1000 is a multiple of 4 in bf16)."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        return head(hidden.float())
+
+
+# Dynamo's checks on the code's structure: types, attributes, dict keys, sequence lengths, modules and their hooks.
+STRUCTURE_GUARDS = {"TYPE_MATCH", "CLASS_MATCH", "HASATTR", "NOT_PRESENT_IN_GENERIC_DICT", "DICT_KEYS_MATCH",
+                    "DICT_CONTAINS", "DICT_NOT_CONTAINS", "SEQUENCE_LENGTH", "BUILTIN_MATCH", "MODULE_MATCH",
+                    "EMPTY_NN_MODULE_HOOKS_DICT", "DUPLICATE_INPUT"}  # fmt: skip
+
+
+def value_guards(guard_entries):
+    """torch.compile's guard_filter_fn for the twins: before each call of a compiled function, dynamo checks that what
+    its graph was traced with still holds. Keep the checks on values (every tensor's shape, dtype and device, every
+    Python number, flag or function it reads, e.g. a hyper-parameter in its closure, the global state) and skip those
+    on the code's structure, which a script never changes: fewer checks a call, and a second build of a twin in the
+    same process, with other hyper-parameters, still gets a graph of its own."""
+    return [entry.guard_type not in STRUCTURE_GUARDS for entry in guard_entries]

@@ -1,5 +1,5 @@
 # Soft Actor-Critic for continuous actions, written for speed: the same agent and flags as
-# sac_continuous_action.py, plus --compile and --cudagraphs. `diff` the two files to see the speed tricks.
+# sac_continuous_action.py, plus --compile, --cudagraphs and --bf16. `diff` the two files to see the speed tricks.
 import os
 import warnings
 from dataclasses import dataclass
@@ -56,6 +56,9 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """if toggled, the updates and action selection are compiled with torch.compile"""
     cudagraphs: bool = False
     """if toggled, the updates and action selection are captured in CUDA graphs (CUDA only)"""
+    bf16: bool = False
+    """if toggled, the networks' hidden layers run in bf16 (autocast) where the device computes bf16 natively (a CUDA
+    GPU of compute capability 8+, a CPU with AMX or AVX512-BF16); heads, weights, losses and optimizer stay fp32"""
 
 
 LOG_EVERY = 100  # iterations (steps of one env) between logs and the non-finite loss check
@@ -99,7 +102,7 @@ class SoftQNetwork(nn.Module):
         x = torch.cat([x, a], 1)
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
-        return self.fc3(x)
+        return run_utils.fp32_head(self.fc3, x)  # under --bf16 too: the Q values enter the TD target and the losses
 
 
 LOG_STD_MAX = 2
@@ -121,8 +124,8 @@ class Actor(nn.Module):
     def forward(self, x):
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
-        mean = self.fc_mean(x)
-        log_std = torch.tanh(self.fc_logstd(x))
+        mean = run_utils.fp32_head(self.fc_mean, x)  # under --bf16 too: the action's log-probability enters the losses
+        log_std = torch.tanh(run_utils.fp32_head(self.fc_logstd, x))
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)  # from SpinUp / Denis Yarats
         return mean, log_std
 
@@ -216,13 +219,15 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
 
     # The loss and its backward pass in one function, so that --compile turns both into a single graph.
     def critic_backward(data):
-        with torch.no_grad():
+        # --bf16: the hidden layers' matmuls in bf16, on the device's bf16 units (AMX, AVX512-BF16, tensor cores).
+        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
             next_state_actions, next_state_log_pi, _ = actor.get_action(data["next_observations"])
             qf_next_target = q_values(target_qnet_params, data["next_observations"], next_state_actions)
             min_qf_next_target = qf_next_target.min(0).values - alpha * next_state_log_pi
             next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
 
-        qf_a_values = q_values(qnet_params, data["observations"], data["actions"]).view(2, -1)
+        with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+            qf_a_values = q_values(qnet_params, data["observations"], data["actions"]).view(2, -1)
         # The sum over the ensemble of each network's MSE, as qf1_loss + qf2_loss.
         qf_loss = (qf_a_values - next_q_value).pow(2).mean(1).sum()
         qf_loss.backward()
@@ -236,9 +241,10 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
         return losses
 
     def actor_backward(data):
-        pi, log_pi, _ = actor.get_action(data["observations"])
         # Detached Q parameters: the actor's gradient flows through the actions only, no wasted Q gradients.
-        min_qf_pi = q_values(qnet_params_detached, data["observations"], pi).min(0).values
+        with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+            pi, log_pi, _ = actor.get_action(data["observations"])
+            min_qf_pi = q_values(qnet_params_detached, data["observations"], pi).min(0).values
         actor_loss = ((alpha * log_pi) - min_qf_pi).mean()
         losses = TensorDict(actor_loss=actor_loss.detach())
         if args.autotune:
@@ -264,7 +270,7 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
         target_qnet_params.lerp_(qnet_params_detached, args.tau)
 
     def policy(obs):
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
             return actor.get_action(obs)[0]
 
     # The update functions look critic_backward and actor_backward up when called, so they use the compiled ones.
@@ -274,13 +280,13 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
             torch._dynamo.config.trace_autograd_ops = True
         # TensorDictParams' lock is not enforced inside compiled code; tensordict says so on every run.
         warnings.filterwarnings("ignore", message=r"Using lock_\(\) inside a compiled graph")
-        # Only tensor guards (closures never change in a run: 3-7% off a CPU update); a copy per call: compile pops it.
-        tensor_guards_only = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+        # Guards on values, not on the code's structure (fewer checks a call); a copy per call: compile pops it.
+        value_guards = {"guard_filter_fn": run_utils.value_guards}
         # Compiled: fused kernels instead of one Python dispatch per op; on CPU called from generated C++ (cpp_wrapper).
         on_cpu = device.type == "cpu"
-        critic_backward = torch.compile(critic_backward, options={**tensor_guards_only, "cpp_wrapper": on_cpu})
-        actor_backward = torch.compile(actor_backward, options={**tensor_guards_only, "cpp_wrapper": on_cpu})
-        policy = torch.compile(policy, options={**tensor_guards_only, "cpp_wrapper": on_cpu})
+        critic_backward = torch.compile(critic_backward, options={**value_guards, "cpp_wrapper": on_cpu})
+        actor_backward = torch.compile(actor_backward, options={**value_guards, "cpp_wrapper": on_cpu})
+        policy = torch.compile(policy, options={**value_guards, "cpp_wrapper": on_cpu})
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
         update_critic = CudaGraphModule(update_critic, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)

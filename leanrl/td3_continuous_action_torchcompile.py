@@ -1,5 +1,5 @@
 # Twin Delayed DDPG (TD3) for continuous actions, written for speed: the same agent and flags as
-# td3_continuous_action.py, plus --compile and --cudagraphs. `diff` the two files to see the speed tricks.
+# td3_continuous_action.py, plus --compile, --cudagraphs and --bf16. `diff` the two files to see the speed tricks.
 import os
 import warnings
 from dataclasses import dataclass
@@ -54,6 +54,9 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """if toggled, the updates and action selection are compiled with torch.compile"""
     cudagraphs: bool = False
     """if toggled, the updates and action selection are captured in CUDA graphs (CUDA only)"""
+    bf16: bool = False
+    """if toggled, the networks' hidden layers run in bf16 (autocast) where the device computes bf16 natively (a CUDA
+    GPU of compute capability 8+, a CPU with AMX or AVX512-BF16); heads, weights, losses and optimizer stay fp32"""
 
 
 LOG_EVERY = 100  # iterations (steps of one env) between logs and the non-finite loss check
@@ -98,7 +101,7 @@ class QNetwork(nn.Module):
         x = torch.cat([x, a], 1)
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
-        return self.fc3(x)
+        return run_utils.fp32_head(self.fc3, x)  # under --bf16 too: the Q values enter the TD target and the losses
 
 
 class Actor(nn.Module):
@@ -115,7 +118,7 @@ class Actor(nn.Module):
     def forward(self, x):
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
-        return torch.tanh(self.fc_mu(x)) * self.action_scale + self.action_bias
+        return torch.tanh(run_utils.fp32_head(self.fc_mu, x)) * self.action_scale + self.action_bias  # fp32, --bf16 too
 
 
 class ReplayBuffer:
@@ -193,7 +196,8 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
 
     # The loss and its backward pass in one function, so that --compile turns both into a single graph.
     def critic_backward(data):
-        with torch.no_grad():
+        # --bf16: the hidden layers' matmuls in bf16, on the device's bf16 units (AMX, AVX512-BF16, tensor cores).
+        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
             # Target policy smoothing: clipped noise on the target action, so Q cannot exploit a narrow peak.
             noise = (torch.randn_like(data["actions"]) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
             with target_actor_params.to_module(target_actor, preserve_module_state=False):  # the target actor
@@ -203,7 +207,8 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
             min_qf_next_target = qf_next_target.min(0).values
             next_q_value = data["rewards"] + (1 - data["terminations"]) * args.gamma * min_qf_next_target.view(-1)
 
-        qf_a_values = q_values(qnet_params, data["observations"], data["actions"]).view(2, -1)
+        with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+            qf_a_values = q_values(qnet_params, data["observations"], data["actions"]).view(2, -1)
         # The sum over the ensemble of each network's MSE, as qf1_loss + qf2_loss.
         qf_loss = (qf_a_values - next_q_value).pow(2).mean(1).sum()
         qf_loss.backward()
@@ -219,7 +224,8 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
     def actor_backward(data):
         # Q1 alone, not the vmapped ensemble: half the matmuls, which are what costs on CPU.
         # Detached Q parameters: the gradient flows through the actions only, no wasted Q gradients.
-        actor_loss = -q_value(qf1_params, data["observations"], actor(data["observations"])).mean()
+        with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+            actor_loss = -q_value(qf1_params, data["observations"], actor(data["observations"])).mean()
         actor_loss.backward()
         return TensorDict(actor_loss=actor_loss.detach())
 
@@ -235,7 +241,7 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
         target_qnet_params.lerp_(qnet_params_detached, args.tau)
 
     def policy(obs):
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
             actions = actor(obs)
             actions = actions + torch.randn_like(actions) * actor.action_scale * args.exploration_noise
             return actions.clamp(action_low, action_high)
@@ -247,17 +253,17 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
             torch._dynamo.config.trace_autograd_ops = True
         # TensorDictParams' lock is not enforced inside compiled code; tensordict says so on every run.
         warnings.filterwarnings("ignore", message=r"Using lock_\(\) inside a compiled graph")
-        # Only tensor guards (closures never change in a run: 3-7% off a CPU update); a copy per call: compile pops it.
-        tensor_guards_only = {"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+        # Guards on values, not on the code's structure (fewer checks a call); a copy per call: compile pops it.
+        value_guards = {"guard_filter_fn": run_utils.value_guards}
         # Compiled: fused kernels instead of one Python dispatch per op. On CPU, the graphs are called from generated
         # C++ instead of Python (cpp_wrapper), and the noise comes from ATen's generator (fallback_random): inductor's
         # own random kernel is slower there.
         on_cpu = device.type == "cpu"
         critic_backward = torch.compile(
-            critic_backward, options={**tensor_guards_only, "cpp_wrapper": on_cpu, "fallback_random": on_cpu}
+            critic_backward, options={**value_guards, "cpp_wrapper": on_cpu, "fallback_random": on_cpu}
         )
-        actor_backward = torch.compile(actor_backward, options={**tensor_guards_only, "cpp_wrapper": on_cpu})
-        policy = torch.compile(policy, options={**tensor_guards_only, "cpp_wrapper": on_cpu, "fallback_random": on_cpu})
+        actor_backward = torch.compile(actor_backward, options={**value_guards, "cpp_wrapper": on_cpu})
+        policy = torch.compile(policy, options={**value_guards, "cpp_wrapper": on_cpu, "fallback_random": on_cpu})
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
         update_critic = CudaGraphModule(update_critic, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)

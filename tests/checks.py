@@ -242,7 +242,7 @@ def check_cudagraphs_message(completed, asked_for_cudagraphs, on_cuda=False):
 # --- Checks every pair's tests run the same way: flags, bad input, determinism, the results line ----------------
 
 TWIN_ONLY_FIELDS = {"compile", "cudagraphs"}
-ATARI_TWIN_ONLY_FIELDS = TWIN_ONLY_FIELDS | {"bf16"}  # the Atari twins' networks are big enough for bf16 to pay
+BF16_TWIN_ONLY_FIELDS = TWIN_ONLY_FIELDS | {"bf16"}  # the twins whose updates are matrix products enough to pay
 COMMON_FIELDS = ("exp_name", "seed", "torch_deterministic", "cuda", "track", "wandb_project_name", "wandb_entity",
                  "env_id", "total_timesteps", "measure_burnin", "results_path", "save_model", "model_path",
                  "checkpoint_every", "resume", "eval_episodes", "capture_video")  # fmt: skip
@@ -250,7 +250,7 @@ COMMON_FIELDS = ("exp_name", "seed", "torch_deterministic", "cuda", "track", "wa
 
 def check_args_of_the_pair_match(plain_name, twin_name, expected_defaults, twin_only=TWIN_ONLY_FIELDS):
     """The twin has the plain script's fields (same order, types, defaults) plus its speed flags (all False):
-    compile and cudagraphs, and bf16 in the Atari twins.
+    compile and cudagraphs, and bf16 in the Atari, SAC and TD3 twins.
 
     Both have the fields every script has (CONVENTIONS.md); expected_defaults: {field: CleanRL's default}.
     """
@@ -425,10 +425,11 @@ def check_bf16_run(twin, tiny, results, fp32_result):
         assert result["bf16"] is False and result["final_return"] == fp32_result["final_return"]
 
 
-def check_bf16_update_is_fp32_within_rounding(builds, update, network, batches, value, variants=("eager",)):
+def check_bf16_update_is_fp32_within_rounding(builds, update, network, batches, value, variants=("eager",), obs="obs"):
     """One update from the same parameters on the same minibatch in bf16 autocast, eager (and compiled if among the
     variants), is the fp32 update within bf16's rounding: builds(**overrides) -> a twin's agent (the same parameters
-    each time), update(agent, batch) -> losses, network(agent) -> its nn.Module, value(agent, obs) -> acting's values.
+    each time), update(agent, batch) -> losses, network(agent) -> its nn.Module, value(agent, obs) -> acting's values
+    (of the batch's `obs` entry).
 
     The tolerance: bf16 keeps 8 significant bits (a relative rounding of 2**-9, 0.2%) and its products are summed in
     fp32, so each layer's output moves by a few tenths of a percent and the losses, after five layers, by about 1%:
@@ -449,9 +450,44 @@ def check_bf16_update_is_fp32_within_rounding(builds, update, network, batches, 
         for name, param in network(bf16).named_parameters():
             assert param.grad.dtype == torch.float32, (name, param.grad.dtype)
             assert cosine(param.grad, grads[name]) > 0.99, f"bf16 {label}: {name}'s gradient is off the fp32 one's"
-        obs = batches[0]["obs"]
-        torch.testing.assert_close(value(bf16, obs), value(fp32, obs), rtol=0.05, atol=0.02)
+        torch.testing.assert_close(value(bf16, batches[0][obs]), value(fp32, batches[0][obs]), rtol=0.05, atol=0.02)
         assert {name: tensor.dtype for name, tensor in network(bf16).state_dict().items()} == dtypes
+
+
+def check_bf16_td_errors_near_fp32_at_large_q_values(build, obs_dim, action_dim, monkeypatch, samples=32):
+    """SAC's and TD3's --bf16 critic update on Q values near 1000 (HalfCheetah's, late in a run) whose TD errors are
+    about 10: each sample's TD error (the critic loss of a batch of one: the two Q networks' squared errors, summed,
+    its root) is fp32's within 2% (the norm of the differences against fp32's), as the Q heads, the target and the loss
+    are fp32. The 1000 is made in the head's matrix product (a hidden unit held at 1, its head weight 1000), where a
+    head in bf16 rounds it to a multiple of 4: with fp32_head replaced by a plain call under autocast, the TD errors
+    miss by far more (the check can fail). build(**overrides) -> a twin's agent, the same parameters each time, its
+    learning rate 0 (every sample meets the same networks)."""
+    import run_utils
+
+    def td_errors(agent):
+        with torch.no_grad():
+            for params in (agent.qnet_params.data, agent.target_qnet_params):
+                params["fc2", "weight"][:, 0] = 0.0  # hidden unit 0 is relu(0 + 1) = 1 for any input
+                params["fc2", "bias"][:, 0] = 1.0
+                params["fc3", "weight"].mul_(50.0)  # the other units: a spread of about 10 around 1000
+                params["fc3", "weight"][:, 0, 0] = 1000.0
+                params["fc3", "bias"].zero_()
+        errors = []
+        for sample in range(samples):
+            batch = random_batch(1, obs_dim, action_dim, seed=sample)
+            batch["rewards"] = batch["rewards"] + 10.0  # a HalfCheetah step's reward: about 10
+            batch["terminations"].zero_()
+            torch.manual_seed(sample)  # SAC's next actions, TD3's target smoothing noise
+            errors.append(agent.update_critic(batch)["qf_loss"].sqrt())
+        return torch.stack(errors)
+
+    fp32 = td_errors(build())
+    assert 3 < fp32.norm() / samples**0.5 < 30, f"TD errors of {fp32.norm() / samples**0.5:.1f}, not about 10"
+    bf16 = td_errors(build(bf16=True))
+    assert (bf16 - fp32).norm() / fp32.norm() < 0.02, ((bf16 - fp32).norm() / fp32.norm(), fp32, bf16)
+    monkeypatch.setattr(run_utils, "fp32_head", lambda head, hidden: head(hidden))
+    bf16_heads = td_errors(build(bf16=True))
+    assert (bf16_heads - fp32).norm() / fp32.norm() > 0.05, "bf16 heads pass too: the check proves nothing"
 
 
 def cosine(x, y):

@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+import run_utils
 import torch
 from helpers import REPO_ROOT, describe
 from test_speedup_table import HAND_MADE, write_results
@@ -117,18 +118,24 @@ def test_micro_benchmark_breaks_an_update_down_by_kind_of_work(tmp_path):
         assert (us["fused"] > 0) == (config == "twin --compile"), (config, us)
 
 
-def test_every_guard_configuration_compiles_the_twin_without_its_guard_filter(monkeypatch):
-    """In this process: inside every_guard() a twin's torch.compile call loses guard_filter_fn, and only that."""
+def test_guard_configurations_replace_only_a_twins_guard_filter(monkeypatch):
+    """In this process: inside other_guards(f) a twin's torch.compile call gets f for its guard_filter_fn (none for
+    None), and nothing else changes; a call without a filter gets none."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import micro_benchmark
 
     calls = []
     recorder = lambda fn, *args, options=None, **kwargs: calls.append(options) or fn  # noqa: E731
     monkeypatch.setattr(torch, "compile", recorder)
-    with micro_benchmark.every_guard():
-        torch.compile(len, options={"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe, "cpp_wrapper": True})
+    twin_options = {"guard_filter_fn": run_utils.value_guards, "cpp_wrapper": True}
+    for config in ("twin --compile, every guard", "twin --compile, tensor guards only"):
+        with micro_benchmark.other_guards(micro_benchmark.OTHER_GUARDS[config]):
+            torch.compile(len, options=twin_options)
+            torch.compile(len, options={"cpp_wrapper": True})
     torch.compile(len, options={"guard_filter_fn": print})
-    assert calls == [{"cpp_wrapper": True}, {"guard_filter_fn": print}]
+    tensor_guards = {"cpp_wrapper": True, "guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe}
+    assert calls == [{"cpp_wrapper": True}, {"cpp_wrapper": True}, tensor_guards, {"cpp_wrapper": True},
+                     {"guard_filter_fn": print}]  # fmt: skip
 
 
 @pytest.mark.parametrize("flag", ["--repeats", "--calls"])

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 from checks import (
-    ATARI_TWIN_ONLY_FIELDS,
     ATOL,
+    BF16_TWIN_ONLY_FIELDS,
     RTOL,
     SameUpdates,
     assert_changed,
@@ -409,7 +409,7 @@ def test_args_of_the_pair_match_but_for_the_speed_flags():
                     anneal_lr=True, gamma=0.99, gae_lambda=0.95, num_minibatches=4, update_epochs=4, norm_adv=True,
                     clip_coef=0.1, clip_vloss=True, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5,
                     target_kl=None)  # fmt: skip
-    check_args_of_the_pair_match(PLAIN, TWIN, expected, twin_only=ATARI_TWIN_ONLY_FIELDS)
+    check_args_of_the_pair_match(PLAIN, TWIN, expected, twin_only=BF16_TWIN_ONLY_FIELDS)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

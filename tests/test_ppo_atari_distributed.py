@@ -23,7 +23,7 @@ import run_utils
 import torch
 import torch.distributed as dist
 from checks import (
-    ATARI_TWIN_ONLY_FIELDS,
+    BF16_TWIN_ONLY_FIELDS,
     SameUpdates,
     assert_leaves_close,
     assert_same_state,
@@ -322,7 +322,7 @@ def test_args_of_the_pair_match_and_are_those_of_the_single_process_pair():
     flags, with the same defaults (--num-envs is the number of envs over all ranks)."""
     expected = dict(env_id="Breakout-v5", total_timesteps=10_000_000, num_envs=8, num_steps=128, num_minibatches=4,
                     update_epochs=4, target_kl=None)  # fmt: skip
-    check_args_of_the_pair_match(PLAIN, TWIN, expected, twin_only=ATARI_TWIN_ONLY_FIELDS)
+    check_args_of_the_pair_match(PLAIN, TWIN, expected, twin_only=BF16_TWIN_ONLY_FIELDS)
     for name in SCRIPTS:
         fields, single_fields = args_fields(load_script(name)), args_fields(load_script(SINGLE_PROCESS[name]))
         assert list(fields) == list(single_fields)

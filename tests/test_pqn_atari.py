@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 from checks import (
-    ATARI_TWIN_ONLY_FIELDS,
     ATOL,
+    BF16_TWIN_ONLY_FIELDS,
     RTOL,
     SameUpdates,
     assert_changed,
@@ -366,7 +366,7 @@ def test_args_of_the_pair_match_but_for_the_speed_flags():
     expected = dict(env_id="Breakout-v5", total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128,
                     anneal_lr=True, gamma=0.99, num_minibatches=4, update_epochs=4, max_grad_norm=10.0, start_e=1.0,
                     end_e=0.01, exploration_fraction=0.10, q_lambda=0.65)  # fmt: skip
-    check_args_of_the_pair_match(PLAIN, TWIN, expected, twin_only=ATARI_TWIN_ONLY_FIELDS)
+    check_args_of_the_pair_match(PLAIN, TWIN, expected, twin_only=BF16_TWIN_ONLY_FIELDS)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

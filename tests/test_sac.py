@@ -11,11 +11,14 @@ import pytest
 import torch
 from checks import (
     ATOL,
+    BF16_TWIN_ONLY_FIELDS,
     RTOL,
     SameUpdates,
     assert_changed,
     assert_leaves_close,
     check_args_of_the_pair_match,
+    check_bf16_td_errors_near_fp32_at_large_q_values,
+    check_bf16_update_is_fp32_within_rounding,
     check_every_flag_has_a_docstring_shown_by_help,
     check_learns_pendulum,
     leaves,
@@ -289,10 +292,44 @@ def test_twin_eager_updates_match_plain(device):
     assert_changed(leaves(start), leaves(plain_qnet()), "plain Q networks")
 
 
+def bf16_update(agent, batch):
+    """A training step's critic and actor update, the noise they draw seeded alike for every agent."""
+    torch.manual_seed(5)
+    losses = agent.update_critic(batch)
+    losses.update(agent.update_actor(batch))
+    return losses
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_twin_bf16_updates_and_policy_are_fp32_within_rounding(device, inductor_fallback_random):
+    """--bf16: the hidden layers in bf16, the heads, targets and losses in fp32 (checks.py for the tolerance)."""
+    module = load_script(TWIN)
+
+    def policy(agent, obs):
+        torch.manual_seed(6)
+        return agent.policy(obs)
+
+    check_bf16_update_is_fp32_within_rounding(
+        lambda **overrides: build(module, device, **overrides),
+        bf16_update,
+        lambda agent: torch.nn.ModuleList([agent.qnet_params, agent.actor]),
+        [random_batch(256, OBS_DIM, ACTION_DIM, seed=s, device=device) for s in (500, 501)],
+        policy,
+        variants=("eager", "compiled"),
+        obs="observations",
+    )
+
+
+def test_twin_bf16_td_errors_at_large_q_values_are_fp32s(monkeypatch):
+    module = load_script(TWIN)
+    build_ = lambda **overrides: build(module, q_lr=0.0, **overrides)  # noqa: E731
+    check_bf16_td_errors_near_fp32_at_large_q_values(build_, OBS_DIM, ACTION_DIM, monkeypatch)
+
+
 # --- 3. Flags ---------------------------------------------------------------------------------------------------
 
 
-def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
+def test_args_of_the_pair_match_but_for_compile_cudagraphs_and_bf16():
     # The flags every script has are checked in checks.py; here SAC's own, with CleanRL's defaults.
     expected = {
         "env_id": "HalfCheetah-v5",
@@ -309,7 +346,7 @@ def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
         "alpha": 0.2,
         "autotune": True,
     }
-    check_args_of_the_pair_match(PLAIN, TWIN, expected)
+    check_args_of_the_pair_match(PLAIN, TWIN, expected, twin_only=BF16_TWIN_ONLY_FIELDS)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
