@@ -10,8 +10,8 @@ Usage: ./run.sh [--quick | --tiny] [--seeds "1 2 3"] [--scripts "sac_continuous_
 
 Trains every pair of leanrl/ (X.py and X_torchcompile.py) in five variants: the plain script, and its twin
 with no flag, --compile, --cudagraphs and --compile --cudagraphs (the two cudagraphs variants need CUDA and
-are skipped without it); where the device computes bf16 natively, the Atari twins also with --bf16 added to
-their fastest variant. Runs go one after another, never in parallel (parallel torch processes distort
+are skipped without it); where the device computes bf16 natively, the twins with a --bf16 switch (SAC, TD3 and
+the Atari ones) also with --bf16 added to their fastest variant. Runs go one after another, never in parallel (parallel torch processes distort
 each other's speed), seed by seed: every variant of every script for the first seed, then for the next, so a
 slow spell of a shared machine hits all variants alike and a run stopped early still gives whole rows.
 Each run appends its JSON line to DIR/results.jsonl and logs to DIR/logs/<script>-<variant>-seed<S>.log; at
@@ -149,8 +149,8 @@ if [[ $("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["gpu"
   echo "no CUDA device: skipping the --cudagraphs variants (cudagraphs need CUDA)"
   variants=(plain twin twin+compile)
 fi
-# The twins with a --bf16 switch (the Atari ones) run once more with it, in their fastest variant, where the device
-# computes bf16 natively; elsewhere the switch would only say that it is off.
+# The twins with a --bf16 switch (SAC, TD3, the Atari ones) run once more with it, in their fastest variant, where the
+# device computes bf16 natively; elsewhere the switch would only say that it is off.
 bf16_pairs=()
 for script in "${pairs[@]}"; do
   if grep -q '^    bf16: bool' "leanrl/${script}_torchcompile.py"; then bf16_pairs+=("$script"); fi

@@ -237,7 +237,7 @@ def write_report(results_path, out_dir):
     groups = defaultdict(lambda: defaultdict(list))
     for row in rows:
         groups[row["algo"], row["env_id"]][variant(row)].append(row)
-    # The five variants run.sh runs, then any bf16 ones the results hold (the Atari twins' --bf16).
+    # The five variants run.sh runs, then any bf16 ones the results hold (the twins' --bf16).
     variants = VARIANTS + tuple(sorted({variant(row) for row in rows} - set(VARIANTS)))
 
     machine_path = results_path.parent / "machine.json"

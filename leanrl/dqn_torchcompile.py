@@ -2,7 +2,6 @@
 # --compile and --cudagraphs. `diff` the two files to see the speed tricks.
 import os
 import random
-import warnings
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -206,11 +205,8 @@ def build_dqn(obs_dim, n_actions, args, device):
 
     # update looks td_loss_backward up when called, so it uses the compiled one.
     if args.compile:
-        # Trace backward() into the compiled graph (torch >= 2.11): one kernel program, no autograd at run time.
-        if hasattr(torch._dynamo.config, "trace_autograd_ops"):
-            torch._dynamo.config.trace_autograd_ops = True
-        # TensorDictParams' lock is not enforced inside compiled code; tensordict says so on every run.
-        warnings.filterwarnings("ignore", message=r"Using lock_\(\) inside a compiled graph")
+        # Process-wide (docs/running.md): backward() traced into the compiled graphs; tensordict's lock warning off.
+        run_utils.set_compile_settings()
         # Guards on values, not on the code's structure (fewer checks a call); a copy per call: compile pops it.
         value_guards = {"guard_filter_fn": run_utils.value_guards}
         # On CPU the graph is called from generated C++ instead of Python (cpp_wrapper). There the training loop acts

@@ -318,36 +318,28 @@ def build_ppo(num_actions, args, device):
         with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
             return acting_agent.get_value(obs).flatten()
 
-    # The learning rate as a Python float too: checkpoints hold it as the plain script does, not its float32 rounding.
-    scheduled_lr = args.learning_rate
-
-    def set_learning_rate(lr):
-        nonlocal scheduled_lr
-        optimizer.param_groups[0]["lr"].fill_(lr)  # in place: the compiled and captured step read this tensor
-        scheduled_lr = lr
+    # The learning rate lives in the tensor the compiled and captured steps read; checkpoints hold the plain float.
+    learning_rate = run_utils.TensorLearningRate(optimizer, args.learning_rate)
+    set_learning_rate = learning_rate.set
 
     # Checkpoints hold the plain script's optimizer: lr a Python float, and the plain Adam's settings (fused and
     # capturable are the twin's own, applied again on load).
     def state_dict():
         """The agent's and the optimizer's state_dicts: a checkpoint's agent."""
-        optimizer_state = run_utils.optimizer_state(optimizer, lr=scheduled_lr, fused=None, capturable=False)
+        optimizer_state = learning_rate.optimizer_state(fused=None, capturable=False)
         return {"agent": agent.state_dict(), "optimizer": optimizer_state}
 
     def load_state_dict(state):
         agent.load_state_dict(state["agent"])  # in place: the acting copy shares the parameters' storage
-        lr = optimizer.param_groups[0]["lr"]
-        run_utils.load_optimizer_state(optimizer, state["optimizer"], lr=lr, fused=True, capturable=args.cudagraphs)
-        optimizer.param_groups[0]["lr"] = lr  # load_state_dict copies the groups: keep the tensor the step reads
-        set_learning_rate(state["optimizer"]["param_groups"][0]["lr"])
+        learning_rate.load_optimizer_state(state["optimizer"], fused=True, capturable=args.cudagraphs)
 
     def gae(rewards, values, dones, next_value, next_done):
         return compute_advantages(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
     # update looks loss_backward up when called, so it uses the compiled one.
     if args.compile:
-        # Trace backward() into the compiled graph (torch >= 2.11): one kernel program, no autograd at run time.
-        if hasattr(torch._dynamo.config, "trace_autograd_ops"):
-            torch._dynamo.config.trace_autograd_ops = True
+        # Process-wide (docs/running.md): backward() traced into the compiled graphs; tensordict's lock warning off.
+        run_utils.set_compile_settings()
         # Compiled: fused kernels instead of one Python dispatch per op.
         loss_backward = torch.compile(loss_backward)
         policy = torch.compile(policy)

@@ -272,9 +272,8 @@ def build_ppo(obs_dim, action_dim, args, device):
 
     # update looks loss_backward up when called, so it uses the compiled one.
     if args.compile:
-        # Trace backward() into the compiled graph (torch >= 2.11): one kernel program, no autograd at run time.
-        if hasattr(torch._dynamo.config, "trace_autograd_ops"):
-            torch._dynamo.config.trace_autograd_ops = True
+        # Process-wide (docs/running.md): backward() traced into the compiled graphs; tensordict's lock warning off.
+        run_utils.set_compile_settings()
         # Guards on values, not on the code's structure (fewer checks a call); a copy per call: compile pops it.
         value_guards = {"guard_filter_fn": run_utils.value_guards}
         # Compiled: fused kernels instead of one Python dispatch per op; on CPU called from generated C++ (cpp_wrapper).
@@ -291,26 +290,19 @@ def build_ppo(obs_dim, action_dim, args, device):
     graphs = [update, policy, gae] if args.cudagraphs else []
     captured = lambda: all(graph.counter >= CUDAGRAPH_WARMUP for graph in graphs)  # noqa: E731
 
-    # The learning rate lives in a float32 tensor; checkpoints keep the float the schedule computed, as the plain
-    # script's optimizer holds it.
-    learning_rate = args.learning_rate
-
-    def set_learning_rate(lr):
-        nonlocal learning_rate
-        optimizer.param_groups[0]["lr"].fill_(lr)  # in place: the compiled and captured steps read this tensor
-        learning_rate = lr
+    # The learning rate lives in the tensor the compiled and captured steps read; checkpoints hold the plain float.
+    learning_rate = run_utils.TensorLearningRate(optimizer, args.learning_rate)
+    set_learning_rate = learning_rate.set
 
     def state_dict():
         """The agent's and the optimizer's state_dicts, as the plain script saves them (its lr, fused and
         capturable)."""
-        optimizer_state = run_utils.optimizer_state(optimizer, lr=learning_rate, fused=None, capturable=False)
+        optimizer_state = learning_rate.optimizer_state(fused=None, capturable=False)
         return {"agent": agent.state_dict(), "optimizer": optimizer_state}
 
     def load_state_dict(state):
         agent.load_state_dict(state["agent"])  # in place: acting_agent's views see the loaded parameters
-        lr = optimizer.param_groups[0]["lr"]  # the tensor the compiled and captured steps read
-        run_utils.load_optimizer_state(optimizer, state["optimizer"], lr=lr, fused=True, capturable=args.cudagraphs)
-        set_learning_rate(state["optimizer"]["param_groups"][0]["lr"])
+        learning_rate.load_optimizer_state(state["optimizer"], fused=True, capturable=args.cudagraphs)
 
     return SimpleNamespace(
         captured=captured,

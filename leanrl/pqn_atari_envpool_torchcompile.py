@@ -280,27 +280,20 @@ def build_pqn(num_actions, args, device):
         with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
             return acting_qnet(obs).max(1).values
 
-    # The learning rate as a Python float too: checkpoints hold it as the plain script does, not its float32 rounding.
-    scheduled_lr = args.learning_rate
-
-    def set_learning_rate(lr):
-        nonlocal scheduled_lr
-        optimizer.param_groups[0]["lr"].fill_(lr)  # in place: the compiled and captured step read this tensor
-        scheduled_lr = lr
+    # The learning rate lives in the tensor the compiled and captured steps read; checkpoints hold the plain float.
+    learning_rate = run_utils.TensorLearningRate(optimizer, args.learning_rate)
+    set_learning_rate = learning_rate.set
 
     # Checkpoints hold the plain script's optimizer: lr a Python float, and the plain RAdam's settings (foreach and
     # capturable are the twin's own, applied again on load).
     def state_dict():
         """The Q network's and the optimizer's state_dicts: a checkpoint's agent."""
-        optimizer_state = run_utils.optimizer_state(optimizer, lr=scheduled_lr, foreach=None, capturable=False)
+        optimizer_state = learning_rate.optimizer_state(foreach=None, capturable=False)
         return {"qnet": qnet.state_dict(), "optimizer": optimizer_state}
 
     def load_state_dict(state):
         qnet.load_state_dict(state["qnet"])  # in place: the acting copy shares the parameters' storage
-        lr = optimizer.param_groups[0]["lr"]
-        run_utils.load_optimizer_state(optimizer, state["optimizer"], lr=lr, foreach=True, capturable=args.cudagraphs)
-        optimizer.param_groups[0]["lr"] = lr  # load_state_dict copies the groups: keep the tensor the step reads
-        set_learning_rate(state["optimizer"]["param_groups"][0]["lr"])
+        learning_rate.load_optimizer_state(state["optimizer"], foreach=True, capturable=args.cudagraphs)
 
     def q_lambda_returns(rewards, values, dones, next_value, next_done):
         return compute_q_lambda_returns(rewards, values, dones, next_value, next_done, args.gamma, args.q_lambda)
@@ -311,9 +304,8 @@ def build_pqn(num_actions, args, device):
         # kernels beat inductor's LayerNorms there, in the update and in acting.
         q_lambda_returns = torch.compile(q_lambda_returns)
         if device.type != "cpu":
-            # Trace backward() into the compiled graph (torch >= 2.11): one kernel program, no autograd at run time.
-            if hasattr(torch._dynamo.config, "trace_autograd_ops"):
-                torch._dynamo.config.trace_autograd_ops = True
+            # Process-wide (docs/running.md): backward() traced into the compiled graphs; tensordict's lock warning off.
+            run_utils.set_compile_settings()
             loss_backward = torch.compile(loss_backward)
             policy = torch.compile(policy)
             value = torch.compile(value)

@@ -197,9 +197,8 @@ def build_pqn(obs_dim, n_actions, args, device):
 
     # update looks loss_backward and clip_and_step up when called, so it uses the compiled ones.
     if args.compile:
-        # Trace backward() into the compiled graph (torch >= 2.11): one kernel program, no autograd at run time.
-        if hasattr(torch._dynamo.config, "trace_autograd_ops"):
-            torch._dynamo.config.trace_autograd_ops = True
+        # Process-wide (docs/running.md): backward() traced into the compiled graphs; tensordict's lock warning off.
+        run_utils.set_compile_settings()
         # Compiled: fused kernels instead of one Python dispatch per op.
         loss_backward = torch.compile(loss_backward)
         clip_and_step = torch.compile(clip_and_step)
@@ -217,26 +216,19 @@ def build_pqn(obs_dim, n_actions, args, device):
     graphs = [update, policy, value, returns] if args.cudagraphs else []
     captured = lambda: all(graph.counter >= CUDAGRAPH_WARMUP for graph in graphs)  # noqa: E731
 
-    # The learning rate lives in a float32 tensor; checkpoints keep the float the schedule computed, as the plain
-    # script's optimizer holds it.
-    learning_rate = args.learning_rate
-
-    def set_learning_rate(lr):
-        nonlocal learning_rate
-        optimizer.param_groups[0]["lr"].fill_(lr)  # in place: the compiled and captured steps read this tensor
-        learning_rate = lr
+    # The learning rate lives in the tensor the compiled and captured steps read; checkpoints hold the plain float.
+    learning_rate = run_utils.TensorLearningRate(optimizer, args.learning_rate)
+    set_learning_rate = learning_rate.set
 
     # Checkpoints hold the plain script's layout: its state_dicts, and the plain optimizer's settings, not the twin's.
     def state_dict():
         """The Q network's and the optimizer's state_dicts, as the plain script saves them (its lr and settings)."""
-        optimizer_state = run_utils.optimizer_state(optimizer, lr=learning_rate, foreach=None, capturable=False)
+        optimizer_state = learning_rate.optimizer_state(foreach=None, capturable=False)
         return {"qnet": qnet.state_dict(), "optimizer": optimizer_state}
 
     def load_state_dict(state):
         qnet.load_state_dict(state["qnet"])  # in place: acting_qnet's views see the loaded parameters
-        lr = optimizer.param_groups[0]["lr"]  # the tensor the compiled and captured steps read
-        run_utils.load_optimizer_state(optimizer, state["optimizer"], lr=lr, foreach=True, capturable=args.cudagraphs)
-        set_learning_rate(state["optimizer"]["param_groups"][0]["lr"])
+        learning_rate.load_optimizer_state(state["optimizer"], foreach=True, capturable=args.cudagraphs)
 
     return SimpleNamespace(qnet=qnet, optimizer=optimizer, update=update, policy=policy, value=value, returns=returns,
                            captured=captured, set_learning_rate=set_learning_rate, state_dict=state_dict,

@@ -10,6 +10,7 @@ import random
 import signal
 import sys
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, fields
 
@@ -556,6 +557,28 @@ def load_optimizer_state(optimizer, state, members=1, **settings):
     optimizer.load_state_dict({**state, "param_groups": groups})
 
 
+class TensorLearningRate:
+    """An optimizer's learning rate in the 0-d tensor its compiled and captured steps read (a changed Python float
+    would recompile them), written in place; checkpoints hold the float the schedule set, as the plain script's
+    optimizer does (not its float32 rounding), with the plain optimizer's settings."""
+
+    def __init__(self, optimizer, lr):
+        self.optimizer, self.lr = optimizer, lr
+
+    def set(self, lr):
+        self.optimizer.param_groups[0]["lr"].fill_(lr)
+        self.lr = lr
+
+    def optimizer_state(self, **plain_settings):
+        return optimizer_state(self.optimizer, lr=self.lr, **plain_settings)
+
+    def load_optimizer_state(self, state, **twin_settings):
+        tensor = self.optimizer.param_groups[0]["lr"]
+        load_optimizer_state(self.optimizer, state, lr=tensor, **twin_settings)
+        self.optimizer.param_groups[0]["lr"] = tensor  # load_state_dict copies the groups: keep the tensor read
+        self.set(state["param_groups"][0]["lr"])
+
+
 def fp32_head(head, hidden):
     """A network's last layer in fp32, even under --bf16's autocast: its outputs (logits, values, Q values) set a ratio,
     a target or a loss, where bf16's 8 significant bits would show (a Q value near 1000 is a multiple of 4 in bf16)."""
@@ -576,3 +599,17 @@ def value_guards(guard_entries):
     on the code's structure, which a script never changes: fewer checks a call, and a second build of a twin in the
     same process, with other hyper-parameters, still gets a graph of its own."""
     return [entry.guard_type not in STRUCTURE_GUARDS for entry in guard_entries]
+
+
+def set_compile_settings():
+    """The process-wide settings of a twin's --compile, for every function compiled after it in this process
+    (docs/running.md): dynamo traces backward() into the compiled graph (torch >= 2.11: one kernel program for a loss
+    and its gradients, no autograd at run time; an older torch says in one line that it runs backward() eagerly), and
+    tensordict's warning at each compilation that a TensorDictParams' lock is not enforced in compiled code is off."""
+    if hasattr(torch._dynamo.config, "trace_autograd_ops"):
+        torch._dynamo.config.trace_autograd_ops = True
+    elif world()[0] == 0:
+        print(
+            f"torch {torch.__version__} cannot trace backward() into a compiled graph: it runs eagerly", file=sys.stderr
+        )
+    warnings.filterwarnings("ignore", message=r"Using lock_\(\) inside a compiled graph")

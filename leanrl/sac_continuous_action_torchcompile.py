@@ -1,7 +1,6 @@
 # Soft Actor-Critic for continuous actions, written for speed: the same agent and flags as
 # sac_continuous_action.py, plus --compile, --cudagraphs and --bf16. `diff` the two files to see the speed tricks.
 import os
-import warnings
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -197,7 +196,9 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
     qnet_params = from_modules(*[SoftQNetwork(obs_dim, action_dim).to(device) for _ in range(2)], as_module=True)
     qnet_params_detached = qnet_params.data  # views without autograd, made once (.data builds a TensorDict per call)
     target_qnet_params = qnet_params_detached.clone()
-    qnet = SoftQNetwork(obs_dim, action_dim).to("meta")  # a shell without storage, filled with either parameter set
+    # A shell without storage, filled with either parameter set; moved to "meta" after its initialisation (not built
+    # there as the other twins' shells): its draws keep each seed's run the one tests/num_envs_1_reference.json holds.
+    qnet = SoftQNetwork(obs_dim, action_dim).to("meta")
     # fused: one multi-tensor kernel per step; capturable: under a CUDA graph the step counter lives on the device.
     adam_kwargs = dict(fused=True, capturable=args.cudagraphs)
     q_optimizer = torch.optim.Adam(qnet_params.values(True, True), lr=args.q_lr, **adam_kwargs)
@@ -275,11 +276,8 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
 
     # The update functions look critic_backward and actor_backward up when called, so they use the compiled ones.
     if args.compile:
-        # Trace backward() into the compiled graph (torch >= 2.11): one kernel program, no autograd at run time.
-        if hasattr(torch._dynamo.config, "trace_autograd_ops"):
-            torch._dynamo.config.trace_autograd_ops = True
-        # TensorDictParams' lock is not enforced inside compiled code; tensordict says so on every run.
-        warnings.filterwarnings("ignore", message=r"Using lock_\(\) inside a compiled graph")
+        # Process-wide (docs/running.md): backward() traced into the compiled graphs; tensordict's lock warning off.
+        run_utils.set_compile_settings()
         # Guards on values, not on the code's structure (fewer checks a call); a copy per call: compile pops it.
         value_guards = {"guard_filter_fn": run_utils.value_guards}
         # Compiled: fused kernels instead of one Python dispatch per op; on CPU called from generated C++ (cpp_wrapper).

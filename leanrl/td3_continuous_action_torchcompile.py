@@ -1,7 +1,6 @@
 # Twin Delayed DDPG (TD3) for continuous actions, written for speed: the same agent and flags as
 # td3_continuous_action.py, plus --compile, --cudagraphs and --bf16. `diff` the two files to see the speed tricks.
 import os
-import warnings
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -171,7 +170,10 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
     actor = Actor(obs_dim, action_dim, action_low, action_high).to(device)
     # Both Q networks as one ensemble: stacked parameters, evaluated by one vmapped call instead of two.
     qnet_params = from_modules(*[QNetwork(obs_dim, action_dim).to(device) for _ in range(2)], as_module=True)
-    qnet = QNetwork(obs_dim, action_dim).to("meta")  # a shell without storage, filled with any Q parameter set
+    # Shells without storage (this one filled with any Q parameter set, the target actor's below), moved to "meta" after
+    # their initialisation, not built there as the other twins' shells: their draws keep each seed's run the one
+    # tests/num_envs_1_reference.json holds.
+    qnet = QNetwork(obs_dim, action_dim).to("meta")
     qnet_params_detached = qnet_params.data  # views without autograd, made once (.data builds a TensorDict per call)
     qf1_params = qnet_params_detached[0]  # Q1's, the network that scores the actor
     # The targets are plain tensors, stored apart and swapped into storage-less shells to be evaluated:
@@ -248,11 +250,8 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
 
     # The update functions look critic_backward and actor_backward up when called, so they use the compiled ones.
     if args.compile:
-        # Trace backward() into the compiled graph (torch >= 2.11): one kernel program, no autograd at run time.
-        if hasattr(torch._dynamo.config, "trace_autograd_ops"):
-            torch._dynamo.config.trace_autograd_ops = True
-        # TensorDictParams' lock is not enforced inside compiled code; tensordict says so on every run.
-        warnings.filterwarnings("ignore", message=r"Using lock_\(\) inside a compiled graph")
+        # Process-wide (docs/running.md): backward() traced into the compiled graphs; tensordict's lock warning off.
+        run_utils.set_compile_settings()
         # Guards on values, not on the code's structure (fewer checks a call); a copy per call: compile pops it.
         value_guards = {"guard_filter_fn": run_utils.value_guards}
         # Compiled: fused kernels instead of one Python dispatch per op. On CPU, the graphs are called from generated

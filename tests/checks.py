@@ -490,6 +490,92 @@ def check_bf16_td_errors_near_fp32_at_large_q_values(build, obs_dim, action_dim,
     assert (bf16_heads - fp32).norm() / fp32.norm() > 0.05, "bf16 heads pass too: the check proves nothing"
 
 
+# --- A second build in the same process computes with its own hyper-parameters (issue 70) ---------------------
+#
+# dynamo keeps one cache per code object, shared by every build of a twin in a process (a sweep in a notebook, a
+# tuner's trials): a compiled function of a second build reuses the first build's graph wherever the guards kept
+# say nothing changed, and a hyper-parameter read from the closure was baked into that graph.
+
+
+def compiled_hyperparameters(name):
+    """The Args fields that a twin's compiled or captured functions read, from its code: in its build_* function, the
+    nested functions handed to torch.compile or CudaGraphModule and those they call, their `args.<field>` reads."""
+    tree = ast.parse(script_path(name).read_text())
+    fields = set()
+    for build in (node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("build")):
+        nested = {
+            node.name: node for node in ast.walk(build) if isinstance(node, ast.FunctionDef) and node is not build
+        }
+        wrapped = [
+            node.args[0].id
+            for node in ast.walk(build)
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("torch.compile", "CudaGraphModule")
+            and node.args and isinstance(node.args[0], ast.Name)
+        ]  # fmt: skip
+        seen = set()
+        while wrapped:
+            function = wrapped.pop()
+            if function in nested and function not in seen:
+                seen.add(function)
+                wrapped += [node.id for node in ast.walk(nested[function]) if isinstance(node, ast.Name)]
+        fields |= {
+            node.attr
+            for function in seen
+            for node in ast.walk(nested[function])
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "args"
+        }
+    return fields - {"compile", "cudagraphs"}
+
+
+def other_value(value, domain):
+    """A value of the hyper-parameter other than its default, in its domain: a flag flipped, an integer plus one, a
+    float halved (0.5 for 0)."""
+    if isinstance(value, bool):
+        return not value
+    other = value + 1 if isinstance(value, int) else value / 2 if value else 0.5
+    assert domain is None or run_utils.in_domain(other, domain), (value, other, domain)
+    return other
+
+
+def flat(**groups):
+    """{group.key: a detached copy} of tensors, sequences, dicts of tensors and TensorDicts: one dict to compare."""
+    out = {}
+    for group, value in groups.items():
+        if isinstance(value, torch.Tensor):
+            value = {"": value}
+        elif isinstance(value, (tuple, list)):
+            value = dict(enumerate(value))
+        elif isinstance(value, TensorDictBase):
+            value = leaves(value)
+        out.update({f"{group}.{key}".rstrip("."): tensor.detach().clone() for key, tensor in value.items()})
+    return out
+
+
+def check_a_second_build_computes_with_its_own_hyperparameters(name, compiled_calls):
+    """In one process, dynamo not reset: a twin built with --compile and its defaults and called, then built again with
+    --compile and every hyper-parameter its compiled functions read (from the code) at another value, computes what
+    the eager twin built with those values computes: the same outputs of each compiled function and the same
+    parameters after its updates. compiled_calls(module, **overrides) -> {name: tensor}: a build of the twin (the same
+    parameters each time), each of its compiled functions called on the same inputs (seeded), the outputs and the
+    parameters after the updates. The other values change what the eager twin computes (the check can fail); under
+    --bf16 (one of them, where the twin has it) compiled and eager agree within bf16's rounding (as in
+    check_bf16_update_is_fp32_within_rounding)."""
+    module = load_script(name)
+    domains = {**run_utils.RUN_DOMAINS, **getattr(module, "DOMAINS", {})}
+    defaults = module.Args()
+    fields = compiled_hyperparameters(name)
+    assert fields, f"{name}: no hyper-parameter read by its compiled functions was found"
+    others = {field: other_value(getattr(defaults, field), domains.get(field)) for field in sorted(fields)}
+    compiled_calls(module, compile=True)  # the first build: its graphs traced with the defaults
+    second = compiled_calls(module, compile=True, **others)
+    eager = compiled_calls(module, compile=False, **others)
+    tolerance = dict(rtol=0.05, atol=0.02) if others.get("bf16") else dict(rtol=RTOL, atol=ATOL)
+    assert second.keys() == eager.keys(), f"{name}'s second build, with {others}: {second.keys() ^ eager.keys()}"
+    assert_leaves_close(second, eager, f"{name}'s second build, with {others}", **tolerance)
+    with pytest.raises(AssertionError):
+        assert_leaves_close(compiled_calls(module, compile=False), eager, "the defaults' calls", **tolerance)
+
+
 def cosine(x, y):
     return torch.nn.functional.cosine_similarity(x.flatten(), y.flatten(), dim=0)
 

@@ -16,6 +16,7 @@ from checks import (
     SameUpdates,
     assert_changed,
     assert_leaves_close,
+    check_a_second_build_computes_with_its_own_hyperparameters,
     check_args_of_the_pair_match,
     check_bad_checkpoints_are_refused,
     check_bad_input,
@@ -28,6 +29,7 @@ from checks import (
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
     check_video_of_the_evaluation,
+    flat,
     leaves,
     sync_,
 )
@@ -322,6 +324,18 @@ def test_twin_captured_policy_draws_new_numbers_at_each_replay():
         torch.manual_seed(3)
         replays.append(dqn.policy(obs, epsilon).clone())
     assert torch.equal(replays[1], replays[0])
+
+
+def test_twin_built_again_computes_with_its_own_hyperparameters(inductor_fallback_random):
+    def compiled_calls(module, **overrides):
+        dqn = build(module, **overrides)
+        obs = torch.randn(16, OBS_DIM, generator=torch.Generator().manual_seed(7))
+        torch.manual_seed(8)
+        actions = dqn.policy(obs, torch.tensor(0.5))
+        losses = dqn.update(replay_batch(77))
+        return flat(actions=actions, losses=losses, qnet=leaves(dqn.qnet_params))
+
+    check_a_second_build_computes_with_its_own_hyperparameters(TWIN, compiled_calls)
 
 
 # --- 4. Episode ends: a truncation bootstraps, a termination does not, no transition spans a reset -------------

@@ -21,6 +21,7 @@ from checks import (
     assert_leaves_close,
     assert_params_close_after_steps,
     assert_same_state,
+    check_a_second_build_computes_with_its_own_hyperparameters,
     check_args_of_the_pair_match,
     check_bad_checkpoints_are_refused,
     check_bad_input,
@@ -34,6 +35,7 @@ from checks import (
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
     detached,
+    flat,
     sync_,
 )
 from helpers import (
@@ -398,6 +400,20 @@ def test_twin_eager_update_matches_plain(device):
         acting = getattr(twin.acting_agent.get_submodule(module_path), attribute)
         assert not acting.requires_grad, f"the acting copy of {path} requires grad"
         assert acting.data_ptr() == parameter.data_ptr(), f"the acting copy of {path} has its own storage"
+
+
+def test_twin_built_again_computes_with_its_own_hyperparameters(inductor_fallback_random):
+    check_a_second_build_computes_with_its_own_hyperparameters(TWIN, ppo_compiled_calls)
+
+
+def ppo_compiled_calls(module, device="cpu", **overrides):
+    """A build of the twin (single-process or distributed), each compiled function called once on the same inputs."""
+    ppo = build(module, device, **overrides)
+    batch = random_minibatch(seed=77, size=32, device=device)
+    torch.manual_seed(8)
+    outputs = flat(policy=ppo.policy(batch["obs"]), value=ppo.value(batch["obs"]))
+    outputs.update(flat(gae=ppo.gae(**{k: v.to(device) for k, v in random_rollout(16, 4, seed=9).items()})))
+    return {**outputs, **flat(losses=call_update(ppo, module.__name__, batch), agent=params(ppo))}
 
 
 # --- 4. Flags -------------------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from checks import (
     SameUpdates,
     assert_leaves_close,
     assert_same_state,
+    check_a_second_build_computes_with_its_own_hyperparameters,
     check_args_of_the_pair_match,
     check_bad_checkpoints_are_refused,
     check_bad_input_in_process,
@@ -56,7 +57,7 @@ from helpers import (
     run_sh_tiny_run,
     script_path,
 )
-from test_ppo_atari import NUM_ACTIONS, build, call_update, random_minibatch
+from test_ppo_atari import NUM_ACTIONS, build, call_update, ppo_compiled_calls, random_minibatch
 
 PLAIN = "ppo_atari_envpool_distributed"
 TWIN = "ppo_atari_envpool_distributed_torchcompile"
@@ -312,6 +313,11 @@ def test_twin_bf16_update_and_values_are_fp32_within_rounding(world_of_one):
         [random_minibatch(seed=500, device=world_of_one), random_minibatch(seed=501, device=world_of_one)],
         lambda ppo, obs: ppo.value(obs),
     )
+
+
+def test_twin_built_again_computes_with_its_own_hyperparameters(world_of_one, inductor_fallback_random):
+    compiled_calls = lambda module, **overrides: ppo_compiled_calls(module, world_of_one, **overrides)  # noqa: E731
+    check_a_second_build_computes_with_its_own_hyperparameters(TWIN, compiled_calls)
 
 
 # --- 5. Flags, bad input, a lost rank, signals -----------------------------------------------------------------

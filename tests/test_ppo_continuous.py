@@ -22,6 +22,7 @@ from checks import (
     assert_changed,
     assert_leaves_close,
     assert_same_state,
+    check_a_second_build_computes_with_its_own_hyperparameters,
     check_args_of_the_pair_match,
     check_bad_checkpoints_are_refused,
     check_bad_input,
@@ -34,6 +35,7 @@ from checks import (
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
     check_video_of_the_evaluation,
+    flat,
     sync_,
 )
 from helpers import DEVICES, load_script, requires_cuda, run_in_process, run_in_process_until, run_sh_tiny_run
@@ -369,6 +371,18 @@ def test_twin_eager_updates_match_plain(device):
         assert_leaves_close(dict(twin_losses.items()), plain_losses, f"round {round_} losses")
         check.check(twin.agent, plain.agent, lr, f"round {round_}")
     assert_changed(start, parameters(plain), "the plain agent's parameters")
+
+
+def test_twin_built_again_computes_with_its_own_hyperparameters(inductor_fallback_random):
+    def compiled_calls(module, **overrides):
+        ppo = build(module, **overrides)
+        obs = torch.randn(1, OBS_DIM, generator=torch.Generator().manual_seed(7))
+        torch.manual_seed(8)
+        outputs = flat(policy=ppo.policy(obs), value=ppo.value(obs), gae=ppo.gae(**random_rollout(32, 4, seed=9)))
+        outputs.update(flat(losses=ppo.update(random_minibatch(ppo, seed=77)), agent=parameters(ppo)))
+        return outputs
+
+    check_a_second_build_computes_with_its_own_hyperparameters(TWIN, compiled_calls)
 
 
 # --- 4. Flags ---------------------------------------------------------------------------------------------------

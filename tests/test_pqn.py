@@ -17,6 +17,7 @@ from checks import (
     SameUpdates,
     assert_changed,
     assert_leaves_close,
+    check_a_second_build_computes_with_its_own_hyperparameters,
     check_args_of_the_pair_match,
     check_bad_checkpoints_are_refused,
     check_bad_input,
@@ -28,6 +29,7 @@ from checks import (
     check_signal_stops_the_run,
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
+    flat,
     leaves,
     sync_,
 )
@@ -321,6 +323,19 @@ def test_twin_captured_update_policy_and_returns_match_uncaptured(inductor_fallb
         torch.testing.assert_close(captured.returns(*rollout), uncaptured.returns(*rollout), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(captured.value(obs), uncaptured.value(obs))
     assert captured.captured(), "not every function was captured"
+
+
+def test_twin_built_again_computes_with_its_own_hyperparameters(inductor_fallback_random):
+    def compiled_calls(module, **overrides):
+        pqn = build(module, **overrides)
+        obs = torch.randn(4, OBS_DIM, generator=torch.Generator().manual_seed(7))
+        torch.manual_seed(8)
+        outputs = flat(policy=pqn.policy(obs, torch.tensor(0.5)), value=pqn.value(obs))
+        outputs.update(flat(returns=pqn.returns(*random_rollout(9, num_steps=32, num_envs=4))))
+        outputs.update(flat(losses=update(pqn, minibatch(77)), qnet=leaves(TensorDict.from_module(pqn.qnet))))
+        return outputs
+
+    check_a_second_build_computes_with_its_own_hyperparameters(TWIN, compiled_calls)
 
 
 # --- 4. Episode ends: a truncation ends the return like a termination, no transition spans a reset ---------

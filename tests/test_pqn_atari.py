@@ -28,6 +28,7 @@ from checks import (
     assert_changed,
     assert_leaves_close,
     assert_params_close_after_steps,
+    check_a_second_build_computes_with_its_own_hyperparameters,
     check_args_of_the_pair_match,
     check_bad_input,
     check_bad_input_in_process,
@@ -39,6 +40,7 @@ from checks import (
     check_twin_runs_with_cudagraphs_on_cuda,
     check_twin_runs_with_every_flag_combination,
     detached,
+    flat,
 )
 from helpers import (
     DEVICES,
@@ -356,6 +358,18 @@ def test_twin_captured_matches_uncaptured(inductor_fallback_random):
                                    rtol=RTOL, atol=ATOL)  # fmt: skip
     for function in ("update", "policy", "value", "q_lambda_returns"):
         assert getattr(captured, function).counter == module.CUDAGRAPH_WARMUP, f"{function} was not captured"
+
+
+def test_twin_built_again_computes_with_its_own_hyperparameters(inductor_fallback_random):
+    def compiled_calls(module, **overrides):
+        pqn = build(module, **overrides)
+        batch = random_minibatch(seed=77, size=32)
+        torch.manual_seed(8)
+        outputs = flat(policy=pqn.policy(batch["obs"], torch.tensor(0.5)), value=pqn.value(batch["obs"]))
+        outputs.update(flat(returns=pqn.q_lambda_returns(**random_rollout(16, 4, seed=9))))
+        return {**outputs, **flat(losses=call_update(pqn, TWIN, batch), qnet=params(pqn))}
+
+    check_a_second_build_computes_with_its_own_hyperparameters(TWIN, compiled_calls)
 
 
 # --- 4. Flags and bad input ---------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Rules every script keeps, checked script by script: every numeric flag has a domain, and a value outside it is
 refused before the first step; a resume keeps the budget its schedule is computed from, logs are counted in
 iterations (not env steps), a twin's sps clock starts after its CUDA graphs are recorded, the small-network
-twins' compiled functions keep only the tensors' guards, and a signal after the last step is told truthfully.
+twins' compiled functions keep the guards on values (run_utils.value_guards), and a signal after the last step is
+told truthfully.
 
 The resumed checkpoints are the old ones of tests/old_checkpoints (see test_old_checkpoints.py), given the budget a
 checkpoint now records: a refusal happens before anything is built, so each case costs an import and the flags.
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import run_utils
 import torch
 from checks import check_bad_input_in_process
 from helpers import (
@@ -185,7 +187,7 @@ def test_the_sps_clock_starts_after_every_cuda_graph_is_recorded(name, monkeypat
 
 CPU = torch.device("cpu")
 ONES = np.ones(2, dtype=np.float32)
-SMALL_NETWORK_TWINS = {  # the twins whose compiled functions keep only the tensors' guards, and a small build of each
+SMALL_NETWORK_TWINS = {  # the twins whose compiled functions skip the guards on structure, and a small build of each
     "sac_continuous_action_torchcompile": lambda module, args: module.build_sac(3, 2, -ONES, ONES, args, CPU),
     "td3_continuous_action_torchcompile": lambda module, args: module.build_td3(3, 2, -ONES, ONES, args, CPU),
     "ppo_continuous_action_torchcompile": lambda module, args: module.build_ppo(3, 2, args, CPU),
@@ -194,7 +196,7 @@ SMALL_NETWORK_TWINS = {  # the twins whose compiled functions keep only the tens
 
 
 @pytest.mark.parametrize("name", SMALL_NETWORK_TWINS)
-def test_every_compiled_function_of_a_small_network_twin_keeps_only_the_tensors_guards(name, monkeypatch):
+def test_every_compiled_function_of_a_small_network_twin_gets_the_value_guard_filter(name, monkeypatch):
     """torch.compile pops guard_filter_fn from the options it is given: with one dict shared by the calls, every call
     but the first kept every guard. Each must get the filter (compiling is lazy: nothing is compiled here)."""
     module = load_script(name)
@@ -209,7 +211,7 @@ def test_every_compiled_function_of_a_small_network_twin_keeps_only_the_tensors_
     SMALL_NETWORK_TWINS[name](module, module.Args(compile=True))
     assert len(options_given) >= 2, options_given
     filters = [options.get("guard_filter_fn") for options in options_given]
-    assert all(f is torch.compiler.keep_tensor_guards_unsafe for f in filters), options_given
+    assert all(f is run_utils.value_guards for f in filters), options_given
 
 
 # --- A signal after the last step ---------------------------------------------------------------------------------

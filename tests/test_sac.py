@@ -16,11 +16,13 @@ from checks import (
     SameUpdates,
     assert_changed,
     assert_leaves_close,
+    check_a_second_build_computes_with_its_own_hyperparameters,
     check_args_of_the_pair_match,
     check_bf16_td_errors_near_fp32_at_large_q_values,
     check_bf16_update_is_fp32_within_rounding,
     check_every_flag_has_a_docstring_shown_by_help,
     check_learns_pendulum,
+    flat,
     leaves,
     named_tensors,
     random_batch,
@@ -324,6 +326,19 @@ def test_twin_bf16_td_errors_at_large_q_values_are_fp32s(monkeypatch):
     module = load_script(TWIN)
     build_ = lambda **overrides: build(module, q_lr=0.0, **overrides)  # noqa: E731
     check_bf16_td_errors_near_fp32_at_large_q_values(build_, OBS_DIM, ACTION_DIM, monkeypatch)
+
+
+def test_twin_built_again_computes_with_its_own_hyperparameters(inductor_fallback_random):
+    def compiled_calls(module, **overrides):
+        sac = build(module, **overrides)
+        batch = random_batch(BATCH, OBS_DIM, ACTION_DIM, seed=77)
+        torch.manual_seed(8)
+        actions = sac.policy(batch["observations"])
+        losses = bf16_update(sac, batch)
+        sac.update_targets()
+        return flat(actions=actions, losses=losses, **snapshot(sac))
+
+    check_a_second_build_computes_with_its_own_hyperparameters(TWIN, compiled_calls)
 
 
 # --- 3. Flags ---------------------------------------------------------------------------------------------------
