@@ -537,10 +537,6 @@ def run_batch(script, flags, options):
         fail(f"--processes must be positive, got {options.processes}")
     if options.processes > 1 and (options.checkpoint_every or options.keep_model):
         fail("--checkpoint-every and --keep-model are for a world of one: a world of processes is recorded at its end")
-    if out.exists() and not out.is_dir():
-        fail(f"--out {out} is a file, not a folder")
-    out.mkdir(parents=True, exist_ok=True)
-
     variants = [flags]
     if options.also_bf16:
         if "--bf16" in flags:
@@ -549,6 +545,10 @@ def run_batch(script, flags, options):
             fail("--also-bf16: this machine does not compute bf16 natively (AMX, AVX512-BF16, a CUDA GPU of compute "
                  "capability 8+): its --bf16 runs would be fp32 runs")  # fmt: skip
         variants.append([*flags, "--bf16"])
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out} is a file, not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+
     others = {
         shlex.join(record["flags"])
         for record in map(read_record, sorted(out.glob("*.json")))

@@ -5,16 +5,20 @@ with ours, with the same budgets, one run at a time; a table of their steady-sta
     python benchmarks/peers.py --leanrl ~/LeanRL --pairs leanrl-sac --seeds 1 --tiny  # minutes: does it run here?
     python benchmarks/peers.py --leanrl ~/LeanRL --cleanrl ~/cleanrl --apply-only   # only write the edited copies
 
---leanrl and --cleanrl are local clones of github.com/pytorch-labs/LeanRL and github.com/vwxyzjn/cleanrl; only the
-scripts of the pairs asked for are read, and a clone is never written to. Their scripts were written for the gym,
-torch and tensordict of their day: each is copied into DIR/peers/ and edited there by the edits listed in PEERS, the
-smallest changes today's libraries need, each an exact text replaced (one that is not found: one line naming it, exit
-status 2, nothing run). docs/peers.md lists them with their reasons; each copy's diff is written beside it. A clone's
+--leanrl and --cleanrl are local clones of github.com/meta-pytorch/LeanRL and github.com/vwxyzjn/cleanrl (their
+default branches); only the files of the pairs asked for are read, and a clone is never written to. Their scripts were
+written for the gym, torch and tensordict of their day: each is copied into DIR/peers/ and edited there by the edits
+listed in PEERS, the smallest changes today's libraries need, each an exact text replaced (one that is not found: one
+line naming it, exit status 2, nothing run). docs/peers.md lists them with their reasons; each copy's diff is written
+beside it. The modules a script imports from its repository's root (CleanRL's TD3 and DQN: cleanrl_utils.buffers) are
+copied unedited beside it, and their runs get DIR/peers/<repo>/ on PYTHONPATH, as a clone installed with pip. A clone's
 script that is not the version the edits were written against (its commit and git blob below) gets a warning line.
 
 Per seed, per pair, our twin (from --ours, default this repository's leanrl/) and theirs run in turn, ours first for
 the 1st, 3rd, ... seed and theirs first for the others, with the same budget flags (--tiny: a few hundred steps, to
-check that everything runs). A run that fails (exit status, no sps in its output, past --timeout) is reported with a
+check that everything runs). Where the device computes bf16 natively (describe_machine's native_bf16), a twin whose
+Args has a bf16 field also runs with --bf16 added, right after its fp32 run of the seed; elsewhere one line says so and
+the table's bf16 column is "–". A run that fails (exit status, no sps in its output, past --timeout) is reported with a
 one-line reason; where the pair has a fallback (LeanRL's SAC and TD3 with --compile die in dynamo on torch 2.13: their
 eager run), the fallback runs next. sps: ours, the steady-state sps of our results line (--results-path); theirs, as
 PEERS says for each: LeanRL's progress bar's last figure; CleanRL's scripts print an sps counted from step 0 (the JIT
@@ -22,10 +26,11 @@ compile and the random warm-up with it), so an edit prints each of those points'
 is taken between the first point past the warm-up and the last.
 
 Writes DIR/peers.jsonl (every run, as it ends), DIR/peers.md (machine, clones, budgets, per pair the medians over seeds
-of ours and theirs, their ratio, each seed's figures, the failed runs, the edits) and DIR/logs/ (each run's output).
-Their runs get WANDB_MODE=disabled (LeanRL's scripts call wandb.init whatever their flags) and work in DIR/work/ (where
-CleanRL's scripts write their TensorBoard runs/). Exit status: 0 when every run ran, 1 when a run failed (the table is
-still written), 2 for a bad option or an edit that does not apply.
+of ours, theirs and ours with --bf16, the ratios to theirs, each seed's figures, the failed runs, the edits) and
+DIR/logs/ (each run's output). Their runs get WANDB_MODE=disabled (LeanRL's scripts call wandb.init whatever their
+flags) and work in DIR/work/ (where CleanRL's scripts write their TensorBoard runs/). Exit status: 0 when every run
+ran, 1 when a run failed (the table is still written), 2 for a bad option, an edit that does not apply or a missing
+file of theirs.
 """
 
 import argparse
@@ -48,7 +53,7 @@ from speedup_table import describe_machine, fail, machine_text  # benchmarks/ is
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PEER_REPOS = {  # --option: (name, upstream)
-    "leanrl": ("LeanRL", "github.com/pytorch-labs/LeanRL"),
+    "leanrl": ("LeanRL", "github.com/meta-pytorch/LeanRL"),
     "cleanrl": ("CleanRL", "github.com/vwxyzjn/cleanrl"),
 }
 
@@ -141,15 +146,23 @@ def sps_points(indent):
 
 
 LEANRL_SPS = "its progress bar's last sps"
+# Our twins with a --bf16 switch (their Args declare it, as run.sh greps for it) also run with it, where the device
+# computes bf16 natively (elsewhere the switch only says that it is off).
+BF16 = "--bf16"
+BF16_FIELD = re.compile(r"^    bf16: bool", re.MULTILINE)
+NATIVE_BF16 = "AMX, AVX512-BF16 or a CUDA GPU of compute capability 8+"
+# CleanRL's TD3 and DQN import their replay buffer from the repository's root (from cleanrl_utils.buffers import ...).
+CLEANRL_BUFFERS = ("cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py")
 # Each pair: their script (repo, path, the commit the edits were written against and its git blob), our twin, the
 # budget flags both get (the real measurement's and --tiny's), ours' flags, theirs' variants (label, flags: the first
-# is the measurement, the others fallbacks run after it fails), how their sps is read, and the edits.
+# is the measurement, the others fallbacks run after it fails), how their sps is read, the modules of their repository
+# the script imports (copied unedited beside the copy), and the edits.
 PEERS = {
     "leanrl-ppo_atari": dict(
         repo="leanrl",
         path="leanrl/ppo_atari_envpool_torchcompile.py",
-        commit="b9316cd93390550352eb23f105c9aa3020ac2826",
-        blob="f85427b2a300c67e69fa28b75937d317ec54a55a",
+        commit="9873ce934c3b1d5ffa7d84bb51d7bc390c359ec6",
+        blob="869cbca7ec9955fe103db3d60e77a7ae6c107118",
         ours="ppo_atari_envpool_torchcompile.py",
         budget="--env-id Breakout-v5 --total-timesteps 20480",  # 20 iterations: their sps is printed at 10 and 20
         tiny="--env-id Breakout-v5 --num-envs 2 --num-steps 32 --update-epochs 1 --total-timesteps 640",
@@ -189,14 +202,24 @@ PEERS = {
                 "torch.tensor(envs.reset(), ",
                 "torch.tensor(envs.reset()[0], ",
             ),
+            Edit(
+                "categorical-properties",
+                "its stopgap awaiting pytorch/pytorch#138080 makes Categorical's logits and probs properties without "
+                "a setter, which torch 2.13's Categorical.__init__ assigns (AttributeError: property of 'Categorical' "
+                "object has no setter): removed, torch's own lazy properties stay",
+                "# This is a quick fix while waiting for https://github.com/pytorch/pytorch/pull/138080 to land\n"
+                'Categorical.logits = property(Categorical.__dict__["logits"].wrapped)\n'
+                'Categorical.probs = property(Categorical.__dict__["probs"].wrapped)\n',
+                "",
+            ),
             detached("agent_inference_p.to_module(agent_inference"),
         ),
     ),
     "leanrl-ppo_continuous": dict(
         repo="leanrl",
         path="leanrl/ppo_continuous_action_torchcompile.py",
-        commit="20bfe6794aa488e896ae51588164ac5b4d865a9f",
-        blob="9eff17802da2827368fa787bbb03aa440e8493ed",
+        commit="6f8728ec4f0243ead5401eb35aafd6ffbb5bb3de",
+        blob="240dd911b6bab5620e193f121ce7f320c9774ee4",
         ours="ppo_continuous_action_torchcompile.py",
         budget="--env-id HalfCheetah-v5 --total-timesteps 40960",  # 20 iterations: their sps is printed at 10 and 20
         tiny="--env-id Pendulum-v1 --num-steps 64 --num-minibatches 2 --update-epochs 1 --total-timesteps 640",
@@ -252,7 +275,7 @@ PEERS = {
     "leanrl-td3": dict(
         repo="leanrl",
         path="leanrl/td3_continuous_action_torchcompile.py",
-        commit="f1a0156635c6f66322b8e32ea8db51af878b6540",
+        commit="6f8728ec4f0243ead5401eb35aafd6ffbb5bb3de",
         blob="e4a614a1eb649004dff0d4fbb596e0b1b1d5bcb8",
         ours="td3_continuous_action_torchcompile.py",
         budget="--env-id HalfCheetah-v5 --learning-starts 1000 --total-timesteps 4000",
@@ -285,8 +308,8 @@ PEERS = {
     "cleanrl-td3": dict(
         repo="cleanrl",
         path="cleanrl/td3_continuous_action_jax.py",
-        commit="cbbdc8b0cca1fba7bb4252db0a2ac8eafe91b5d8",
-        blob="b69f0a0d1bbf301dca7f79a9978a6a3df7d717c4",
+        commit="004f8a086a892a2a180f4dd332b90d83a968aa7a",
+        blob="9daf9f461ce1478ae1157e6d1e9d876bb1bcce25",
         ours="td3_continuous_action_torchcompile.py",
         budget="--env-id HalfCheetah-v5 --learning-starts 1000 --total-timesteps 4000",
         tiny="--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 500",
@@ -295,13 +318,14 @@ PEERS = {
         sps="points",
         skip=0,  # the first point comes 100 steps after the first update: past the JIT compile
         sps_text="between its first sps point past the random warm-up (every 100 steps) and its last",
+        modules=CLEANRL_BUFFERS,
         edits=(SAME_STEP_ONE_ENV, FINAL_INFO_ONE_ENV, FINAL_OBS, sps_points(16)),
     ),
     "cleanrl-dqn": dict(
         repo="cleanrl",
         path="cleanrl/dqn_jax.py",
-        commit="5f3f716d2cb3181b83bbfb89a69e841a76472046",
-        blob="917282578a1fc0f809d7534008a60d97daec846f",
+        commit="004f8a086a892a2a180f4dd332b90d83a968aa7a",
+        blob="4bda819200ae23344881f84fb86c5a3ff07df1a1",
         ours="dqn_torchcompile.py",
         budget="--env-id CartPole-v1 --learning-starts 10000 --total-timesteps 30000",
         tiny="--env-id CartPole-v1 --learning-starts 200 --batch-size 32 --total-timesteps 600",
@@ -310,12 +334,13 @@ PEERS = {
         sps="points",
         skip=0,  # the first point comes 90 steps after the first update: past the JIT compile
         sps_text="between its first sps point past the random warm-up (every 100 steps) and its last",
+        modules=CLEANRL_BUFFERS,
         edits=(SAME_STEP_N_ENVS, FINAL_INFO_ONE_ENV, FINAL_OBS, sps_points(20)),
     ),
     "cleanrl-ppo_atari": dict(
         repo="cleanrl",
         path="cleanrl/ppo_atari_envpool_xla_jax.py",
-        commit="cfeedb0fa36daa7e6592b0fe5de3af6c79d5ce6f",
+        commit="35896b1fefa9898b904f7e09bcbe6e168e15d2a9",
         blob="8e7da71f5431857c522ab0fedd15bb2bd80d8269",
         ours="ppo_atari_envpool_torchcompile.py",
         budget="--env-id Breakout-v5 --total-timesteps 20480",
@@ -399,20 +424,26 @@ def apply_edits(text, edits, where):
     return text
 
 
+Prepared = namedtuple("Prepared", "edited original same modules")
+
+
 def prepare(pairs, clones):
-    """{pair: (edited text, the clone's text, whether it is the version written against)}; fails before any write."""
+    """{pair: Prepared(edited text, the clone's text, whether it is the version written against, {path: the bytes of
+    each module it imports from its repository})}; fails before any write."""
     prepared = {}
     for name in pairs:
         peer = PEERS[name]
         repo, url = PEER_REPOS[peer["repo"]]
-        source = clones[peer["repo"]] / peer["path"]
-        if not source.is_file():
-            fail(f"no {peer['path']} in {clones[peer['repo']]} (a clone of {url}?)")
-        data = source.read_bytes()
+        clone = clones[peer["repo"]]
+        for path in (peer["path"], *peer.get("modules", ())):
+            if not (clone / path).is_file():
+                fail(f"no {path} in {clone} (a clone of {url}?)")
+        data = (clone / peer["path"]).read_bytes()
+        modules = {path: (clone / path).read_bytes() for path in peer.get("modules", ())}
         same = git_blob(data) == peer["blob"]
         where = f"{repo}'s {peer['path']}" + ("" if same else f" (not its version at {peer['commit'][:7]})")
-        prepared[name] = (apply_edits(data.decode(), peer["edits"], where), data.decode(), same)
-    for name, (_, _, same) in prepared.items():
+        prepared[name] = Prepared(apply_edits(data.decode(), peer["edits"], where), data.decode(), same, modules)
+    for name, (_, _, same, _) in prepared.items():
         if not same:
             peer = PEERS[name]
             warn(f"{PEER_REPOS[peer['repo']][0]}'s {peer['path']} is not its version at {peer['commit'][:7]}, "
@@ -421,11 +452,16 @@ def prepare(pairs, clones):
 
 
 def write_copies(prepared, out):
-    """Each edited script into OUT/peers/<repo>/<path>, its diff beside it; {pair: the copy's path}."""
+    """Each edited script into OUT/peers/<repo>/<path>, its diff beside it, and the modules it imports from its
+    repository (unedited) at their paths in OUT/peers/<repo>/; {pair: the copy's path}."""
     copies = {}
-    for name, (edited, original, _) in prepared.items():
+    for name, (edited, original, _, modules) in prepared.items():
         peer = PEERS[name]
-        copy = out / "peers" / PEER_REPOS[peer["repo"]][0] / peer["path"]
+        root = out / "peers" / PEER_REPOS[peer["repo"]][0]
+        for path, data in modules.items():
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(data)
+        copy = root / peer["path"]
         copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_text(edited)
         diff = difflib.unified_diff(
@@ -460,10 +496,12 @@ def their_sps(peer, text):
     return (last_step - first_step) / (last_clock - first_clock), printed, None
 
 
-def run_logged(command, log_path, cwd, timeout):
+def run_logged(command, log_path, cwd, timeout, pythonpath=None):
     """Runs a command to its end, its output into log_path; returns (exit status, or None past the timeout, seconds).
     The child leads its own process group, so that a timeout or a Ctrl-C ends it with its compile workers."""
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    if pythonpath is not None:  # ahead of a PYTHONPATH already set
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), os.environ.get("PYTHONPATH")]))
     start = time.monotonic()
     with open(log_path, "w") as log:
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env,
@@ -482,16 +520,20 @@ def run_logged(command, log_path, cwd, timeout):
 def run_one(name, side, label, fallback, seed, flags, args, copies, out):
     """One run of ours or theirs: its record (sps, or why it failed)."""
     peer = PEERS[name]
-    tag = f"{name}-{side}-{label.strip('-').replace('.', '_')}-seed{seed}"
+    slug = re.sub(r"\W+", "_", label.strip("-"))  # --compile --bf16: compile_bf16; jax.jit: jax_jit
+    tag = f"{name}-{side}-{slug}-seed{seed}"
     log = out / "logs" / f"{tag}.log"
     if side == "ours":
         results = out / "logs" / f"{tag}.json"
         script = args.ours / peer["ours"]
         command = [sys.executable, str(script), *flags, "--seed", str(seed), "--results-path", str(results)]
+        pythonpath = None
     else:
         script = copies[name]
         command = [sys.executable, str(script), *flags, "--seed", str(seed)]
-    status, seconds = run_logged(command, log, out / "work", args.timeout)
+        # the root of their copies, as a clone installed with pip: the modules the script imports from its repository
+        pythonpath = out / "peers" / PEER_REPOS[peer["repo"]][0]
+    status, seconds = run_logged(command, log, out / "work", args.timeout, pythonpath)
     text = log.read_text(errors="replace")
     sps = printed = failed = device = None
     if status is None:
@@ -511,11 +553,26 @@ def run_one(name, side, label, fallback, seed, flags, args, copies, out):
                 printed_sps=printed, device=device, failed=failed, log=str(log.relative_to(out)))  # fmt: skip
 
 
-def run_side(name, side, seed, counter, args, copies, out):
-    """Ours, or theirs and, after a failure, its fallbacks: the records of the runs made, each also in peers.jsonl."""
+def plan_runs(pairs, seeds, bf16_pairs):
+    """The runs in their order, each (seed, pair, side, variants): per seed, per pair, ours and theirs in turn, ours
+    first for the 1st, 3rd, ... seed; ours with --bf16 (bf16_pairs) right after ours in fp32; theirs' variants past the
+    first are fallbacks, run after a failure."""
+    plan = []
+    for index, seed in enumerate(seeds):
+        for name in pairs:
+            flags = PEERS[name]["ours_flags"]
+            ours = [(seed, name, "ours", [(flags, flags)])]
+            if name in bf16_pairs:
+                ours.append((seed, name, "ours", [(f"{flags} {BF16}", f"{flags} {BF16}")]))
+            theirs = [(seed, name, "theirs", PEERS[name]["theirs"])]
+            plan += ours + theirs if index % 2 == 0 else theirs + ours
+    return plan
+
+
+def run_side(name, side, variants, seed, counter, args, copies, out):
+    """One run and, after a failure, its fallbacks: the records of the runs made, each also in peers.jsonl."""
     peer = PEERS[name]
     budget = shlex.split(peer["tiny"] if args.tiny else peer["budget"])
-    variants = [(peer["ours_flags"], peer["ours_flags"])] if side == "ours" else peer["theirs"]
     records = []
     for attempt, (label, flags) in enumerate(variants):
         fallback = attempt > 0
@@ -541,12 +598,31 @@ def median_cell(runs):
     return cell if len(values) == len(runs) else f"{cell} ({len(values)} of {len(runs)} ran)"
 
 
-def seed_cell(run):
+def seed_cell(runs, seed):
+    run = next((run for run in runs if run["seed"] == seed), None)
     return "–" if run is None else "failed" if run["sps"] is None else f"{run['sps']:.1f}"
 
 
-def report(records, pairs, seeds, args, prepared, clones, machine):
-    """The markdown of DIR/peers.md."""
+def ratio(ours, theirs):
+    """The ratio of the medians of two sets of runs, in bold; – where either has no sps."""
+    ours_values = [run["sps"] for run in ours if run["sps"] is not None]
+    their_values = [run["sps"] for run in theirs if run["sps"] is not None]
+    if not ours_values or not their_values:
+        return "–"
+    return f"**{statistics.median(ours_values) / statistics.median(their_values):.2f}x**"
+
+
+def bf16_line(machine, switch):
+    """One line on our --bf16 runs, for the terminal and the table; switch: the pairs whose twin has the switch."""
+    if not machine["native_bf16"]:
+        return f"bf16: not native here ({NATIVE_BF16}): no {BF16} runs of ours, its column is –."
+    if not switch:
+        return f"bf16: native here, but none of these pairs' twins has a {BF16} switch."
+    return f"bf16: native here; ours also runs with {BF16} right after each seed's fp32 run: {', '.join(switch)}."
+
+
+def report(records, pairs, seeds, args, prepared, clones, machine, switch):
+    """The markdown of DIR/peers.md; switch: the pairs whose twin has a --bf16 switch."""
     versions = [f"torch {machine['torch']}"]
     if any(PEERS[name]["repo"] == "cleanrl" for name in pairs):
         for package in ("jax", "flax", "optax"):
@@ -572,37 +648,37 @@ def report(records, pairs, seeds, args, prepared, clones, machine):
         + (" (--tiny: a check that every script runs, whose sps are no measurement)" if args.tiny else "")
         + ".",
         "sps: ours, our results line's steady-state sps; theirs, as the table of their scripts below says.",
+        bf16_line(machine, switch),
         "",
-        "| pair | budget | ours | theirs | ours sps, median | theirs sps, median | ours / theirs "
-        "| per seed: ours / theirs |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| pair | budget | ours | theirs | ours sps, median | theirs sps, median | ours / theirs "
+        f"| ours {BF16} sps, median (/ theirs) | per seed: ours / theirs (/ ours {BF16}) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in pairs:
         peer = PEERS[name]
         budget = peer["tiny"] if args.tiny else peer["budget"]
-        ours = [run for run in records if run["pair"] == name and run["side"] == "ours"]
+        runs = [run for run in records if run["pair"] == name]
+        ours = [run for run in runs if (run["side"], run["variant"]) == ("ours", peer["ours_flags"])]
+        ours_bf16 = [run for run in runs if (run["side"], run["variant"]) == ("ours", f"{peer['ours_flags']} {BF16}")]
         for label, _ in peer["theirs"]:
-            theirs = [
-                run for run in records if run["pair"] == name and (run["side"], run["variant"]) == ("theirs", label)
-            ]
+            theirs = [run for run in runs if (run["side"], run["variant"]) == ("theirs", label)]
             if not theirs:
                 continue
-            ratio = "–"
-            ours_values = [run["sps"] for run in ours if run["sps"] is not None]
-            their_values = [run["sps"] for run in theirs if run["sps"] is not None]
-            if ours_values and their_values:
-                ratio = f"**{statistics.median(ours_values) / statistics.median(their_values):.2f}x**"
+            bf16 = "–"
+            if ours_bf16:
+                bf16_ratio = ratio(ours_bf16, theirs)
+                bf16 = median_cell(ours_bf16) + ("" if bf16_ratio == "–" else f" ({bf16_ratio})")
+            sides = [ours, theirs] + ([ours_bf16] if ours_bf16 else [])
             per_seed = "; ".join(
-                f"{seed}: {seed_cell(next((r for r in ours if r['seed'] == seed), None))} / "
-                f"{seed_cell(next((r for r in theirs if r['seed'] == seed), None))}"
+                f"{seed}: " + " / ".join(seed_cell(side, seed) for side in sides)
                 for seed in seeds
-                if any(run["seed"] == seed for run in ours + theirs)
+                if any(run["seed"] == seed for side in sides for run in side)
             )
             fallback = " (fallback)" if any(run["fallback"] for run in theirs) else ""
             lines.append(
                 f"| {name} | `{budget}` | `{peer['ours']} {peer['ours_flags']}` "
                 f"| {PEER_REPOS[peer['repo']][0]} {label}{fallback} | {median_cell(ours) if ours else 'not run'} "
-                f"| {median_cell(theirs)} | {ratio} | {per_seed} |"
+                f"| {median_cell(theirs)} | {ratio(ours, theirs)} | {bf16} | {per_seed} |"
             )
     failed = [run for run in records if run["failed"]]
     if failed:
@@ -615,7 +691,7 @@ def report(records, pairs, seeds, args, prepared, clones, machine):
     lines += ["| pair | script | written against | the clone's file | their sps |", "|---|---|---|---|---|"]
     for name in pairs:
         peer = PEERS[name]
-        state = "that version" if prepared[name][2] else "**another version** (the edits applied)"
+        state = "that version" if prepared[name].same else "**another version** (the edits applied)"
         lines.append(
             f"| {name} | {PEER_REPOS[peer['repo']][0]} `{peer['path']}` | {peer['commit'][:7]} | {state} "
             f"| {peer['sps_text']} |"
@@ -702,18 +778,17 @@ def main():
     (out / "logs").mkdir(exist_ok=True)
     (out / "work").mkdir(exist_ok=True)
     print(f"machine: {machine_text(machine)}, torch {machine['torch']}")
-    total = 2 * len(pairs) * len(seeds)
-    records, number, interrupted = [], 0, False
+    switch = [name for name in pairs if BF16_FIELD.search((args.ours / PEERS[name]["ours"]).read_text())]
+    print(bf16_line(machine, switch))
+    plan = plan_runs(pairs, seeds, switch if machine["native_bf16"] else [])
+    records, interrupted = [], False
     try:
-        for index, seed in enumerate(seeds):
-            for name in pairs:
-                for side in ("ours", "theirs") if index % 2 == 0 else ("theirs", "ours"):
-                    number += 1
-                    records += run_side(name, side, seed, f"[{number}/{total}]", args, copies, out)
+        for number, (seed, name, side, variants) in enumerate(plan, start=1):
+            records += run_side(name, side, variants, seed, f"[{number}/{len(plan)}]", args, copies, out)
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted: the table holds the runs that ended")
-    (out / "peers.md").write_text(report(records, pairs, seeds, args, prepared, clones, machine))
+    (out / "peers.md").write_text(report(records, pairs, seeds, args, prepared, clones, machine, switch))
     failed = [run for run in records if run["failed"]]
     print(f"{len(records) - len(failed)} of {len(records)} runs ran; table: {out / 'peers.md'}, runs: "
           f"{out / 'peers.jsonl'}, logs: {out / 'logs'}/")  # fmt: skip

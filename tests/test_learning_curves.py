@@ -698,6 +698,29 @@ def test_plot_compares_worlds_of_one_and_two_with_the_random_policy(tmp_path):
 
 # --- Bad input ----------------------------------------------------------------------------------------------------
 
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "no-bf16"])
+def test_also_bf16_records_each_seed_with_and_without_it_where_bf16_is_native(
+    native, fake_script, tmp_path, monkeypatch
+):
+    """In this process (the runs are children): where bf16 is native, a seed runs with the flags given and then with
+    --bf16 added, both recorded in --out; elsewhere --also-bf16 is refused with one line before any run (its --bf16
+    runs would be fp32 runs)."""
+    machine = {**learning_curves.describe_machine(), "native_bf16": native}
+    monkeypatch.setattr(learning_curves, "describe_machine", lambda: machine)
+    out, flags = tmp_path / "out", ["--total-timesteps", "200", "--ends-file", str(tmp_path / "ends.json")]
+    argv = ["run", "--script", str(fake_script), "--seeds", "1", "--out", str(out), "--also-bf16", "--", *flags]
+    monkeypatch.setattr(sys, "argv", [str(TOOL), *argv])
+    if not native:
+        with pytest.raises(SystemExit) as exit_:
+            learning_curves.main()
+        assert exit_.value.code == 2 and not out.exists()
+        return
+    learning_curves.main()
+    names = {learning_curves.record_name("dqn_torchcompile", variant, 1) for variant in (flags, [*flags, "--bf16"])}
+    assert set(records(out)) == names
+
+
 BAD_INPUT = {
     "unknown-script": (["run", "--script", "nope", "--seeds", "1", "--out", "{tmp}"], "no script 'nope'"),
     "seed-flag": (["run", "--script", SAC, "--seeds", "1", "--out", "{tmp}", "--", "--seed", "3"], "--seeds"),
@@ -711,6 +734,7 @@ BAD_INPUT = {
         "world of one",
     ),
     "random-games": (["run", "--script", SAC, "--seeds", "1", "--out", "{tmp}", "--random-games", "-1"], "random"),
+    "bf16-twice": (["run", "--script", SAC, "--seeds", "1", "--out", "{tmp}", "--also-bf16", "--", "--bf16"], "--bf16"),
     "plot-no-records": (["plot", "{tmp}/empty"], "no records"),
     "plot-no-folder": (["plot", "{tmp}/missing"], "no folder"),
     "plot-window": (["plot", "{tmp}", "--window", "0"], "--window"),

@@ -1,7 +1,7 @@
 """Tests of benchmarks/peers.py on stand-ins: fake clones of LeanRL and CleanRL, made in tmp_path, whose scripts hold
-the texts the tool's edits replace and print sps as the real ones do, beside fake scripts of ours that write a results
-line. The sps of each seed are set by the fakes, so the medians and ratios of the table are known. No real training:
-each fake run is a Python process that prints and exits.
+today's lines of the real scripts around what the tool's edits replace (TODAY) and print sps as the real ones do,
+beside fake scripts of ours that write a results line. The sps of each seed are set by the fakes, so the medians and
+ratios of the table are known. No real training: each fake run is a Python process that prints and exits.
 """
 
 import importlib.util
@@ -23,9 +23,122 @@ OURS_SPS = {1: 300.0, 2: 100.0, 3: 200.0}  # median 200
 THEIRS_SPS = {1: 50.0, 2: 100.0, 3: 80.0}  # median 80: ours / theirs 2.50x
 DYNAMO_ERROR = "torch._dynamo.exc.InternalTorchDynamoError: NameError: name 'SYNTHETIC_LOCAL' is not defined"
 
-# A peer script: every text its edits replace (inside a string, so that the edited copy still runs), then a run that
-# logs its arguments and prints its sps in its script's way, or fails when FAIL_IF holds.
+# Each peer script's lines around the texts its edits replace (and its imports from its repository's root), verbatim
+# from the versions PEERS names (LeanRL's main at 760837e, CleanRL's master at fe8d8a0), joined by "...": the edits are
+# checked against what a user clones today.
+TODAY = {
+    "leanrl-ppo_atari": """\
+# import gymnasium as gym
+import gym
+...
+# This is a quick fix while waiting for https://github.com/pytorch/pytorch/pull/138080 to land
+Categorical.logits = property(Categorical.__dict__["logits"].wrapped)
+Categorical.probs = property(Categorical.__dict__["probs"].wrapped)
+...
+        self.num_envs = getattr(env, "num_envs", 1)
+...
+        observations, rewards, dones, infos = super().step(action)
+...
+    envs.num_envs = args.num_envs
+    envs.single_action_space = envs.action_space
+    envs.single_observation_space = envs.observation_space
+...
+    agent_inference_p.to_module(agent_inference)
+...
+    next_obs = torch.tensor(envs.reset(), device=device, dtype=torch.uint8)
+""",
+    "leanrl-ppo_continuous": """\
+        env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))
+...
+            for info in infos["final_info"]:
+                r = float(info["episode"]["r"].reshape(()))
+...
+        [make_env(args.env_id, i, args.capture_video, run_name, args.gamma) for i in range(args.num_envs)]
+    )
+...
+    agent_inference_p.to_module(agent_inference)
+""",
+    "leanrl-sac": """\
+    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, args.seed, 0, args.capture_video, run_name)])
+...
+    from_module(actor).data.to_module(actor_detach)
+    policy = TensorDictModule(actor_detach.get_action, in_keys=["observation"], out_keys=["action"])
+...
+            for info in infos["final_info"]:
+                r = float(info["episode"]["r"])
+...
+                real_next_obs[idx] = torch.as_tensor(infos["final_observation"][idx], device=device, dtype=torch.float)
+""",
+    "leanrl-td3": """\
+    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, args.seed, 0, args.capture_video, run_name)])
+...
+    from_module(actor).data.to_module(actor_detach)
+...
+        target_actor_params.to_module(target_actor)
+...
+        with qnet_params.data[0].to_module(qnet):
+...
+            for info in infos["final_info"]:
+                r = float(info["episode"]["r"].reshape(()))
+...
+        if "final_observation" in infos:
+...
+                np.asarray(list(infos["final_observation"][truncations]), dtype=np.float32), device=device, dtype=torch.float
+""",  # noqa: E501 (their lines)
+    "cleanrl-td3": """\
+from cleanrl_utils.buffers import ReplayBuffer
+...
+    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, args.seed, 0, args.capture_video, run_name)])
+...
+            for info in infos["final_info"]:
+...
+                real_next_obs[idx] = infos["final_observation"][idx]
+...
+                print("SPS:", int(global_step / (time.time() - start_time)))
+""",
+    "cleanrl-dqn": """\
+from cleanrl_utils.buffers import ReplayBuffer
+...
+        [make_env(args.env_id, args.seed + i, i, args.capture_video, run_name) for i in range(args.num_envs)]
+    )
+...
+            for info in infos["final_info"]:
+...
+                real_next_obs[idx] = infos["final_observation"][idx]
+...
+                    print("SPS:", int(global_step / (time.time() - start_time)))
+""",
+    "cleanrl-ppo_atari": """\
+import flax.linen as nn
+import gym
+...
+    critic_params: flax.core.FrozenDict
+...
+    envs.num_envs = args.num_envs
+    envs.single_action_space = envs.action_space
+    envs.single_observation_space = envs.observation_space
+    envs.is_vector_env = True
+...
+        handle, (next_obs, reward, next_done, info) = step_env(handle, action)
+...
+            episode_returns=(new_episode_return) * (1 - info["terminated"]) * (1 - info["TimeLimit.truncated"]),
+            episode_lengths=(new_episode_length) * (1 - info["terminated"]) * (1 - info["TimeLimit.truncated"]),
+...
+                info["terminated"] + info["TimeLimit.truncated"], new_episode_return, episode_stats.returned_episode_returns
+...
+                info["terminated"] + info["TimeLimit.truncated"], new_episode_length, episode_stats.returned_episode_lengths
+...
+    next_obs = envs.reset()
+...
+        print("SPS:", int(global_step / (time.time() - start_time)))
+""",  # noqa: E501 (their lines)
+}
+
+# A peer script: today's lines around every text its edits replace (inside a string, so that the edited copy still
+# runs), its imports from its repository's root, then a run that logs its arguments and prints its sps in its script's
+# way, or fails when FAIL_IF holds.
 FAKE_PEER = '''import json, sys
+{imports}
 EDITED = r"""
 {texts}
 """
@@ -61,29 +174,34 @@ argv = sys.argv[1:]
 seed = int(argv[argv.index("--seed") + 1])
 with open({log!r}, "a") as f:
     f.write(json.dumps(["ours", sys.argv[0], argv]) + "\\n")
+sps = {ours_sps}[seed] * (2 if "--bf16" in argv else 1)  # bf16: twice fp32's
 with open(argv[argv.index("--results-path") + 1], "a") as f:
-    f.write(json.dumps(dict(script="{script}", seed=seed, sps={ours_sps}[seed], device="cpu")) + "\\n")
+    f.write(json.dumps(dict(script="{script}", seed=seed, sps=sps, device="cpu")) + "\\n")
 """
 
 
 def fake_peer(name, log, fail_if="False", no_points=False):
     peer = peers.PEERS[name]
-    texts = "\n".join("\n".join([edit.old] * edit.count) for edit in peer["edits"])
+    imports = "from cleanrl_utils.buffers import ReplayBuffer" if peer.get("modules") else ""
     if peer["sps"] == "points":
         prints = f"SKIP, NO_POINTS = {WARM_UP_POINTS[name]}, {no_points}\n" + PRINTS["points"]
     else:
         prints = PRINTS["ppo" if "ppo" in name else "sac"]
-    return FAKE_PEER.format(texts=texts, log=str(log), fail_if=fail_if, error=DYNAMO_ERROR, theirs_sps=THEIRS_SPS,
-                            prints=prints)  # fmt: skip
+    return FAKE_PEER.format(imports=imports, texts=TODAY[name], log=str(log), fail_if=fail_if, error=DYNAMO_ERROR,
+                            theirs_sps=THEIRS_SPS, prints=prints)  # fmt: skip
 
 
 def make_fakes(folder):
     """Fake clones (LeanRL/, cleanrl/) and a fake leanrl/ of ours (ours/) in folder, their calls logged in
     calls.jsonl: LeanRL's SAC fails with --compile as the real one does; CleanRL's TD3 prints no sps point for seed 2
-    (a run too short to measure)."""
+    (a run too short to measure); CleanRL's TD3 and DQN import the replay buffer of the fake cleanrl_utils/."""
     log = folder / "calls.jsonl"
     for name, peer in peers.PEERS.items():
-        path = folder / {"leanrl": "LeanRL", "cleanrl": "cleanrl"}[peer["repo"]] / peer["path"]
+        clone = folder / {"leanrl": "LeanRL", "cleanrl": "cleanrl"}[peer["repo"]]
+        for module in peer.get("modules", ()):
+            (clone / module).parent.mkdir(parents=True, exist_ok=True)
+            (clone / module).write_text("class ReplayBuffer:\n    pass\n" if module.endswith("buffers.py") else "")
+        path = clone / peer["path"]
         path.parent.mkdir(parents=True, exist_ok=True)
         fail_if = '"--compile" in argv' if name == "leanrl-sac" else "False"
         path.write_text(fake_peer(name, log, fail_if, no_points=name == "cleanrl-td3"))
@@ -112,6 +230,9 @@ def run_tool(*args, fakes=None):
         ]
         command += ["--out", str(fakes / "out")]
     return subprocess.run([*command, *args], capture_output=True, text=True, timeout=300)
+
+
+PER_SEED, BF16_COLUMN = "per seed: ours / theirs (/ ours --bf16)", "ours --bf16 sps, median (/ theirs)"
 
 
 def table_rows(text):
@@ -176,15 +297,15 @@ def test_table_has_the_known_medians_and_ratios(measured):
     rows = table_rows((out / "peers.md").read_text())
     assert ("leanrl-ppo_atari", "LeanRL --compile") in rows, list(rows)
     for (name, theirs), row in rows.items():
-        assert row["ours sps, median"] == "200.0", (name, row)
+        assert row["ours sps, median"] == "200.0" and row[BF16_COLUMN] == "–", (name, row)  # no twin has --bf16
         if name == "leanrl-sac" and theirs == "LeanRL --compile":
             assert row["theirs sps, median"] == "failed (3 of 3)" and row["ours / theirs"] == "–", row
-            assert row["per seed: ours / theirs"] == "1: 300.0 / failed; 2: 100.0 / failed; 3: 200.0 / failed"
+            assert row[PER_SEED] == "1: 300.0 / failed; 2: 100.0 / failed; 3: 200.0 / failed"
         elif name == "cleanrl-td3":  # seed 2 printed no sps point: the median of seeds 1 and 3
             assert row["theirs sps, median"] == "65.0 (2 of 3 ran)" and row["ours / theirs"] == "**3.08x**", row
         else:
             assert row["theirs sps, median"] == "80.0" and row["ours / theirs"] == "**2.50x**", (name, row)
-            assert row["per seed: ours / theirs"] == "1: 300.0 / 50.0; 2: 100.0 / 100.0; 3: 200.0 / 80.0", row
+            assert row[PER_SEED] == "1: 300.0 / 50.0; 2: 100.0 / 100.0; 3: 200.0 / 80.0", row
     records = [json.loads(line) for line in (out / "peers.jsonl").read_text().splitlines()]
     assert len(records) == 2 * 3 * len(peers.PEERS) + 3  # and SAC's three fallback runs
     assert {record["sps"] for record in records if record["side"] == "ours"} == set(OURS_SPS.values())
@@ -225,6 +346,9 @@ def test_edits_apply_to_copies_and_leave_the_clones_alone(fakes):
                 assert edit.old not in copy, (name, edit.name)
         diff = (fakes / "out" / "peers" / repo / (peer["path"] + ".diff")).read_text()
         assert diff.startswith(f"--- {peer['path']}\n+++ {peer['path']} (edited)\n"), diff[:200]
+        clone = fakes / {"leanrl": "LeanRL", "cleanrl": "cleanrl"}[peer["repo"]]
+        for module in peer.get("modules", ()):  # copied unedited beside the copy, where their runs import it
+            assert (fakes / "out" / "peers" / repo / module).read_bytes() == (clone / module).read_bytes(), module
         # the fakes are not the upstream files: one warning line each, naming the commit
         assert f"{repo}'s {peer['path']} is not its version at {peer['commit'][:7]}" in completed.stderr
     assert {path: path.read_bytes() for path in fakes.rglob("*.py") if path in before} == before
@@ -241,6 +365,93 @@ def test_missing_edit_text_exits_2_with_one_line(fakes):
     assert "leanrl/sac_continuous_action_torchcompile.py (not its version at 6f8728e)" in lines[0]
     assert 'edit policy-out-keys finds 0 of `in_keys=["observation"], out_keys=["action"])`, not 1' in lines[0]
     assert not (fakes / "out").exists() and not (fakes / "calls.jsonl").exists()
+
+
+def test_missing_module_of_their_repository_exits_2_with_one_line(fakes):
+    (fakes / "cleanrl" / "cleanrl_utils" / "buffers.py").unlink()
+    completed = run_tool("--pairs", "cleanrl-dqn", fakes=fakes)
+    assert completed.returncode == 2, describe(completed)
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no cleanrl_utils/buffers.py in " in lines[0], lines
+    assert not (fakes / "out").exists() and not (fakes / "calls.jsonl").exists()
+
+
+def test_clone_file_at_the_version_written_against_gets_no_warning(fakes, monkeypatch, capsys):
+    dqn = fakes / "cleanrl" / peers.PEERS["cleanrl-dqn"]["path"]
+    monkeypatch.setitem(peers.PEERS["cleanrl-dqn"], "blob", peers.git_blob(dqn.read_bytes()))
+    prepared = peers.prepare(["cleanrl-dqn", "cleanrl-td3"], {"cleanrl": fakes / "cleanrl"})
+    assert prepared["cleanrl-dqn"].same and not prepared["cleanrl-td3"].same
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert len(warnings) == 1 and "cleanrl/td3_continuous_action_jax.py is not its version at 004f8a0" in warnings[0]
+
+
+def test_categorical_edit_mends_the_reported_error_on_this_torch():
+    """A user's report: today's LeanRL PPO Atari makes Categorical's logits and probs properties, and its first
+    Categorical then fails on this torch; the edited lines leave torch's Categorical as it is."""
+    edit = next(edit for edit in peers.PEERS["leanrl-ppo_atari"]["edits"] if edit.name == "categorical-properties")
+    assert edit.old in TODAY["leanrl-ppo_atari"]
+    script = (
+        "import torch\nfrom torch.distributions.categorical import Categorical\n"
+        + edit.old
+        + "print(int(Categorical(logits=torch.zeros(3)).sample()) in (0, 1, 2))\n"
+    )
+    broken = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert broken.returncode == 1, describe(broken)
+    assert "AttributeError: property of 'Categorical' object has no setter" in broken.stderr, describe(broken)
+    edited = peers.apply_edits(script, [edit], "the excerpt")
+    mended = subprocess.run([sys.executable, "-c", edited], capture_output=True, text=True, timeout=300)
+    assert mended.returncode == 0 and mended.stdout == "True\n", describe(mended)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "no-bf16"])
+def test_a_twin_with_bf16_also_runs_with_it_where_bf16_is_native(fakes, monkeypatch, capsys, native):
+    """The tool in-process, its machine faked (describe_machine's native_bf16 as the test says): our TD3 twin declares a
+    --bf16 switch, as our SAC, TD3 and PPO Atari twins do, our DQN twin none; ours with --bf16 prints twice the sps."""
+    twin = fakes / "ours" / peers.PEERS["leanrl-td3"]["ours"]
+    twin.write_text(twin.read_text() + "\n\nclass Args:\n    bf16: bool = False\n")
+    machine = dict(cpu="Fake CPU", cores=2, torch_threads=2, gpu=None, torch="2.13.0", native_bf16=native)
+    monkeypatch.setattr(peers, "describe_machine", lambda: machine)
+    clones = ["--leanrl", str(fakes / "LeanRL"), "--cleanrl", str(fakes / "cleanrl"), "--ours", str(fakes / "ours")]
+    pairs = ["--pairs", "leanrl-td3 cleanrl-dqn", "--seeds", "1 2 3", "--out", str(fakes / "out")]
+    monkeypatch.setattr(sys, "argv", [str(TOOL), *clones, *pairs])
+    assert peers.main() == 0
+    stdout = capsys.readouterr().out
+
+    # Per seed, ours with --bf16 right after ours in fp32, numbered as runs of their own.
+    td3_ours = ["--compile", "--compile --bf16"] if native else ["--compile"]
+    expected = []
+    for index, seed in enumerate(("1", "2", "3")):
+        for name, ours in (("leanrl-td3", td3_ours), ("cleanrl-dqn", ["--compile"])):
+            sides = [("ours", flags) for flags in ours]
+            theirs = [("theirs", peers.PEERS[name]["theirs"][0][0])]
+            expected += [(name, *run, seed) for run in (sides + theirs if index % 2 == 0 else theirs + sides)]
+    progress = re.findall(r"^\[(\d+)/(\d+)\] (\S+) (ours|theirs) (.+?) seed (\d+) \.\.\. ", stdout, re.MULTILINE)
+    assert [run[2:] for run in progress] == expected
+    assert [run[:2] for run in progress] == [(str(n), str(len(expected))) for n in range(1, len(expected) + 1)]
+    calls = [json.loads(line) for line in (fakes / "calls.jsonl").read_text().splitlines()]
+    budget = peers.PEERS["leanrl-td3"]["budget"].split()
+    bf16_calls = [argv[len(budget) :] for _, _, argv in calls if "--bf16" in argv]
+    assert len(bf16_calls) == (3 if native else 0)
+    assert all(argv[:3] == ["--compile", "--bf16", "--seed"] and "compile_bf16" in argv[-1] for argv in bf16_calls)
+
+    # Its own column: the median of ours with --bf16 and its ratio to theirs; – where not run.
+    text = (fakes / "out" / "peers.md").read_text()
+    rows = table_rows(text)
+    td3, dqn = rows["leanrl-td3", "LeanRL --compile"], rows["cleanrl-dqn", "CleanRL jax.jit"]
+    for row in (td3, dqn):
+        assert row["ours sps, median"] == "200.0" and row["ours / theirs"] == "**2.50x**", row
+    assert dqn[BF16_COLUMN] == "–" and dqn[PER_SEED] == "1: 300.0 / 50.0; 2: 100.0 / 100.0; 3: 200.0 / 80.0", dqn
+    if native:
+        assert td3[BF16_COLUMN] == "400.0 (**5.00x**)", td3
+        assert td3[PER_SEED] == "1: 300.0 / 50.0 / 600.0; 2: 100.0 / 100.0 / 200.0; 3: 200.0 / 80.0 / 400.0", td3
+        line = "bf16: native here; ours also runs with --bf16 right after each seed's fp32 run: leanrl-td3."
+    else:
+        assert td3[BF16_COLUMN] == "–" and td3[PER_SEED] == dqn[PER_SEED], td3
+        line = (
+            "bf16: not native here (AMX, AVX512-BF16 or a CUDA GPU of compute capability 8+): no --bf16 runs of "
+            "ours, its column is –."
+        )
+    assert line in stdout.splitlines() and line in text.splitlines(), stdout
 
 
 def test_git_blob_is_the_id_git_gives_the_file(tmp_path):
@@ -311,7 +522,7 @@ def test_missing_clone_option_or_used_out_exits_2(fakes):
     completed = run_tool("--pairs", "leanrl-td3 leanrl-sac", "--ours", str(fakes / "ours"))
     lines = completed.stderr.strip().splitlines()
     assert completed.returncode == 2 and len(lines) == 1, describe(completed)
-    assert "leanrl-td3 leanrl-sac need --leanrl PATH, a clone of github.com/pytorch-labs/LeanRL" in lines[0]
+    assert "leanrl-td3 leanrl-sac need --leanrl PATH, a clone of github.com/meta-pytorch/LeanRL" in lines[0]
     (fakes / "out").mkdir()
     (fakes / "out" / "peers.jsonl").write_text("")
     completed = run_tool("--pairs", "cleanrl-dqn", fakes=fakes)
