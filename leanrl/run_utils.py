@@ -580,10 +580,11 @@ class TensorLearningRate:
 
 
 def fp32_head(head, hidden):
-    """A network's last layer in fp32, even under --bf16's autocast: its outputs (logits, values, Q values) set a ratio,
-    a target or a loss, where bf16's 8 significant bits would show (a Q value near 1000 is a multiple of 4 in bf16)."""
+    """A network's last layer in its weights' dtype (fp32), even under --bf16's autocast: its outputs (logits, values, Q
+    values) set a ratio, a target or a loss, where bf16's 8 significant bits would show (a Q value near 1000 is a
+    multiple of 4 in bf16)."""
     with torch.autocast(hidden.device.type, enabled=False):
-        return head(hidden.float())
+        return head(hidden.to(head.weight.dtype))
 
 
 # Dynamo's checks on the code's structure: types, attributes, dict keys, sequence lengths, modules and their hooks.
