@@ -480,11 +480,12 @@ def main():
     for algo, device_type in itertools.product(args.algos, devices):
         device = torch.device(device_type)
         configs = [config for config in args.configs if device_type in CONFIGS[config][3]]
-        if not has_bf16(algo) or not run_utils.native_bf16(device):
+        twin_has_bf16 = has_bf16(algo)
+        if not twin_has_bf16 or not run_utils.native_bf16(device):
             skipped = [config for config in configs if CONFIGS[config][1].get("bf16")]
             configs = [config for config in configs if config not in skipped]
             if skipped:
-                why = "has no --bf16" if not has_bf16(algo) else f"{device} does not compute bf16 natively"
+                why = "has no --bf16" if not twin_has_bf16 else f"{device} does not compute bf16 natively"
                 print(f"{algo} on {device_type}: skipping {', '.join(skipped)}: its twin {why}", flush=True)
         measured, flops = measure(algo, configs, device, args.repeats, args.pieces)
         train_batch = ALGOS[algo][3]

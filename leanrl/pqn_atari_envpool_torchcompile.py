@@ -190,7 +190,11 @@ class QNetwork(nn.Module):
 
     def forward(self, x):
         # Under --bf16 the last layer stays fp32 (fp32_head): the Q values set the targets, the loss and the argmax.
-        return run_utils.fp32_head(self.network[-1], self.network[:-1](x / 255.0))
+        *body, head = self.network  # not network[:-1], which builds a new Sequential at each call
+        x = x / 255.0
+        for layer in body:
+            x = layer(x)
+        return run_utils.fp32_head(head, x)
 
 
 def epsilon_greedy(q_values, epsilon):

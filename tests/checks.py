@@ -454,6 +454,54 @@ def check_bf16_update_is_fp32_within_rounding(builds, update, network, batches, 
         assert {name: tensor.dtype for name, tensor in network(bf16).state_dict().items()} == dtypes
 
 
+# --- SAC's and TD3's twins, whose namespaces are alike (update_critic, update_actor, update_targets, policy) ---
+
+
+def off_policy_update(agent, batch):
+    """A training step's critic and actor update of SAC's or TD3's twin, the noise they draw seeded alike for every
+    agent."""
+    torch.manual_seed(5)
+    losses = agent.update_critic(batch)
+    losses.update(agent.update_actor(batch))
+    return losses
+
+
+def check_off_policy_bf16_update_is_fp32_within_rounding(build, obs_dim, action_dim, device):
+    """check_bf16_update_is_fp32_within_rounding for SAC's or TD3's twin, eager and compiled: the critic and actor
+    updates on a batch of 256, and acting (its noise seeded alike). build(**overrides) -> the twin's agent."""
+
+    def policy(agent, obs):
+        torch.manual_seed(6)
+        return agent.policy(obs)
+
+    check_bf16_update_is_fp32_within_rounding(
+        build,
+        off_policy_update,
+        lambda agent: torch.nn.ModuleList([agent.qnet_params, agent.actor]),
+        [random_batch(256, obs_dim, action_dim, seed=s, device=device) for s in (500, 501)],
+        policy,
+        variants=("eager", "compiled"),
+        obs="observations",
+    )
+
+
+def off_policy_compiled_calls(build, snapshot, obs_dim, action_dim, batch_size):
+    """compiled_calls for check_a_second_build_computes_with_its_own_hyperparameters, of SAC's or TD3's twin:
+    acting, the critic and actor updates and the target update on one batch. build(module, **overrides) -> the agent,
+    snapshot(agent) -> {group: {name: tensor}} of its networks."""
+
+    def compiled_calls(module, **overrides):
+        agent = build(module, **overrides)
+        batch = random_batch(batch_size, obs_dim, action_dim, seed=77)
+        torch.manual_seed(8)
+        actions = agent.policy(batch["observations"])
+        losses = off_policy_update(agent, batch)
+        agent.update_targets()
+        return flat(actions=actions, losses=losses, **snapshot(agent))
+
+    return compiled_calls
+
+
 def check_bf16_td_errors_near_fp32_at_large_q_values(build, obs_dim, action_dim, monkeypatch, samples=32):
     """SAC's and TD3's --bf16 critic update on Q values near 1000 (HalfCheetah's, late in a run) whose TD errors are
     about 10: each sample's TD error (the critic loss of a batch of one: the two Q networks' squared errors, summed,

@@ -19,12 +19,12 @@ from checks import (
     check_a_second_build_computes_with_its_own_hyperparameters,
     check_args_of_the_pair_match,
     check_bf16_td_errors_near_fp32_at_large_q_values,
-    check_bf16_update_is_fp32_within_rounding,
     check_every_flag_has_a_docstring_shown_by_help,
     check_learns_pendulum,
-    flat,
+    check_off_policy_bf16_update_is_fp32_within_rounding,
     leaves,
     named_tensors,
+    off_policy_compiled_calls,
     random_batch,
     sync_,
 )
@@ -294,32 +294,12 @@ def test_twin_eager_updates_match_plain(device):
     assert_changed(leaves(start), leaves(plain_qnet()), "plain Q networks")
 
 
-def bf16_update(agent, batch):
-    """A training step's critic and actor update, the noise they draw seeded alike for every agent."""
-    torch.manual_seed(5)
-    losses = agent.update_critic(batch)
-    losses.update(agent.update_actor(batch))
-    return losses
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_twin_bf16_updates_and_policy_are_fp32_within_rounding(device, inductor_fallback_random):
     """--bf16: the hidden layers in bf16, the heads, targets and losses in fp32 (checks.py for the tolerance)."""
     module = load_script(TWIN)
-
-    def policy(agent, obs):
-        torch.manual_seed(6)
-        return agent.policy(obs)
-
-    check_bf16_update_is_fp32_within_rounding(
-        lambda **overrides: build(module, device, **overrides),
-        bf16_update,
-        lambda agent: torch.nn.ModuleList([agent.qnet_params, agent.actor]),
-        [random_batch(256, OBS_DIM, ACTION_DIM, seed=s, device=device) for s in (500, 501)],
-        policy,
-        variants=("eager", "compiled"),
-        obs="observations",
-    )
+    build_ = lambda **overrides: build(module, device, **overrides)  # noqa: E731
+    check_off_policy_bf16_update_is_fp32_within_rounding(build_, OBS_DIM, ACTION_DIM, device)
 
 
 def test_twin_bf16_td_errors_at_large_q_values_are_fp32s(monkeypatch):
@@ -329,15 +309,7 @@ def test_twin_bf16_td_errors_at_large_q_values_are_fp32s(monkeypatch):
 
 
 def test_twin_built_again_computes_with_its_own_hyperparameters(inductor_fallback_random):
-    def compiled_calls(module, **overrides):
-        sac = build(module, **overrides)
-        batch = random_batch(BATCH, OBS_DIM, ACTION_DIM, seed=77)
-        torch.manual_seed(8)
-        actions = sac.policy(batch["observations"])
-        losses = bf16_update(sac, batch)
-        sac.update_targets()
-        return flat(actions=actions, losses=losses, **snapshot(sac))
-
+    compiled_calls = off_policy_compiled_calls(build, snapshot, OBS_DIM, ACTION_DIM, BATCH)
     check_a_second_build_computes_with_its_own_hyperparameters(TWIN, compiled_calls)
 
 
