@@ -10,7 +10,7 @@ Usage: ./run.sh [--quick | --tiny] [--seeds "1 2 3"] [--scripts "sac_continuous_
 
 Trains every pair of leanrl/ (X.py and X_torchcompile.py) in five variants: the plain script, and its twin
 with no flag, --compile, --cudagraphs and --compile --cudagraphs (the two cudagraphs variants need CUDA and
-are skipped without it); where the device computes bf16 natively, the twins with a --bf16 switch (SAC, TD3 and
+are skipped without it); where the device computes bf16 faster than fp32, the twins with a --bf16 switch (SAC, TD3 and
 the Atari ones) also with --bf16 added to their fastest variant. Runs go one after another, never in parallel (parallel torch processes distort
 each other's speed), seed by seed: every variant of every script for the first seed, then for the next, so a
 slow spell of a shared machine hits all variants alike and a run stopped early still gives whole rows.
@@ -150,14 +150,14 @@ if [[ $("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["gpu"
   variants=(plain twin twin+compile)
 fi
 # The twins with a --bf16 switch (SAC, TD3, the Atari ones) run once more with it, in their fastest variant, where the
-# device computes bf16 natively; elsewhere the switch would only say that it is off.
+# device computes bf16 faster than fp32; elsewhere the switch would only say that it is off.
 bf16_pairs=()
 for script in "${pairs[@]}"; do
   if grep -q '^    bf16: bool' "leanrl/${script}_torchcompile.py"; then bf16_pairs+=("$script"); fi
 done
-if ((${#bf16_pairs[@]})) && [[ $("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["native_bf16"])' \
+if ((${#bf16_pairs[@]})) && [[ $("$python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["fast_bf16"])' \
   "$out/machine.json") != True ]]; then
-  echo "no native bf16 (AMX, AVX512-BF16, a CUDA GPU of compute capability 8+): skipping the --bf16 variant"
+  echo "no bf16 faster than fp32 here (a CUDA GPU of compute capability 8+, AMX or an AMD CPU's AVX512-BF16): skipping the --bf16 variant"
   bf16_pairs=()
 fi
 

@@ -13,7 +13,8 @@ is written to DIR/<script>_<flags>_seed<S>.json under a temporary name, then ren
 skips the seeds whose record exists and runs the others, so a long batch can be spread over several sittings; records
 of the same script with other flags (another budget) are never taken for these (a line says they are there). The
 runs inherit the environment: OMP_NUM_THREADS=1 gives each one thread.
-With --checkpoint-every N a run also survives its interruption (a Ctrl-C, a SIGTERM, the end of a sitting): the script
+With --checkpoint-every N a run also survives its interruption (a Ctrl-C, a SIGTERM to the batch or to the run, the
+end of a sitting; the batch passes the signals it gets on to its run, which runs in a session of its own): the script
 saves its checkpoint every N env steps (--save-model --checkpoint-every N, beside the records as a hidden file) and at
 an interruption, and the episodes logged so far are saved with it; the same command then resumes the unfinished
 seed from its checkpoint (--resume) and its record lists the steps it was resumed at. A resumed run starts a new
@@ -23,7 +24,7 @@ record's "model"), to evaluate and watch: the script with the record's flags and
 file (a finished run trains no further) and --eval-episodes N, --capture-video.
 With --also-bf16 each seed runs twice, with the flags given and with --bf16 added, one after the other, both recorded
 in --out (one curve each in the plot): a learning comparison of fp32 and bf16 is one command. It is refused where the
-device the scripts pick does not compute bf16 natively (there --bf16 is off: both runs would be fp32's).
+device the scripts pick does not compute bf16 faster than fp32 (there --bf16 is off: both runs would be fp32's).
 
     OMP_NUM_THREADS=1 python benchmarks/learning_curves.py run --script td3_continuous_action_torchcompile \
         --seeds 1 2 --also-bf16 --out docs/curves/td3_bf16 --checkpoint-every 50000 \
@@ -510,13 +511,18 @@ def run_child(script, seed, flags, out, options):
                *(["--keep-model"] if options.keep_model else [])]  # fmt: skip
     if options.processes > 1:  # torchrun: a world of that many processes on this machine, each running `record`
         command[1:1] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(options.processes)]
-    child = subprocess.Popen([*command, "--", *flags])
+    # The run in a session of its own, and each Ctrl-C or SIGTERM this batch gets passed on to it: the terminal's Ctrl-C
+    # (to this process group) and a `kill` of this process alone both reach the run once, which ends its way (a second
+    # kills it); a run left out would train on alone, and one in this group would get a group's signal twice.
+    child = subprocess.Popen([*command, "--", *flags], start_new_session=True)
+    stops = (signal.SIGINT, signal.SIGTERM)
+    handlers = {signum: signal.signal(signum, lambda signum, frame: child.send_signal(signum)) for signum in stops}
     try:
         status = child.wait()
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child got the Ctrl-C too: let it end its run its way
-        child.wait()
-        status = 128 + signal.SIGINT
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    status = 128 - status if status < 0 else status  # killed by a signal (a second one): as a shell reports it
     if status in (128 + signal.SIGINT, 128 + signal.SIGTERM):  # the run was cut (here too, or only there): stop
         fail(f"interrupted in seed {seed}: records of finished seeds (and checkpoints) are kept; the same command "
              "goes on", status)  # fmt: skip
@@ -541,9 +547,9 @@ def run_batch(script, flags, options):
     if options.also_bf16:
         if "--bf16" in flags:
             fail("--also-bf16 adds --bf16 to a second run of each seed: leave it out of the script's flags")
-        if not describe_machine()["native_bf16"]:
-            fail("--also-bf16: this machine does not compute bf16 natively (AMX, AVX512-BF16, a CUDA GPU of compute "
-                 "capability 8+): its --bf16 runs would be fp32 runs")  # fmt: skip
+        if not describe_machine()["fast_bf16"]:
+            fail("--also-bf16: this machine does not compute bf16 faster than fp32 (a CUDA GPU of compute capability "
+                 "8+, AMX or an AMD CPU's AVX512-BF16): its --bf16 runs would be fp32 runs")  # fmt: skip
         variants.append([*flags, "--bf16"])
     if out.exists() and not out.is_dir():
         fail(f"--out {out} is a file, not a folder")
@@ -928,7 +934,7 @@ def main():
     run.add_argument("--keep-model", action="store_true", help="keep each run's trained agent beside its record (.pt)")
     run.add_argument("--processes", type=int, default=1, help="a distributed script's world size (torchrun)")
     run.add_argument("--random-games", type=int, default=100, help="an Atari game's random-policy games (0: none)")
-    run.add_argument("--also-bf16", action="store_true", help="each seed also with --bf16 added (where bf16 is native)")
+    run.add_argument("--also-bf16", action="store_true", help="each seed also with --bf16 added (where bf16 is faster)")
     one = commands.add_parser("record", help="one run in this process (what run starts per seed)")
     one.add_argument("--script", required=True)
     one.add_argument("--seed", type=int, required=True)

@@ -10,7 +10,7 @@ TD3, continuous PPO, DQN skip those on the code's structure, run_utils.value_gua
 each call; "twin --compile, tensor guards only" keeps only the tensors' guards, as these twins did until a second build
 in one process was found to reuse the first build's graph: what the value guards cost over that unsafe filter. The
 --bf16 configurations (SAC, TD3, PPO Atari: the twins with the switch) run only where the device computes bf16
-natively (run_utils.native_bf16); elsewhere a line says they are skipped.
+faster than fp32 (run_utils.fast_bf16); elsewhere a line says they are skipped.
 
 A second table puts each update next to its matmul floor, measured in the same run: the matrix products (and PPO
 Atari's convolutions) that the twin's update makes, recorded with their shapes, strides and dtypes, replayed alone on
@@ -227,7 +227,7 @@ CONFIGS = {
     "twin --compile, every guard": ("twin", {"compile": True}, {}, ("cpu", "cuda")),
     # The same twins with only the tensors' guards (torch.compiler.keep_tensor_guards_unsafe): unsafe, measured only.
     "twin --compile, tensor guards only": ("twin", {"compile": True}, {}, ("cpu", "cuda")),
-    # Hidden layers in bf16 (the twins with --bf16), where the device computes bf16 natively.
+    # Hidden layers in bf16 (the twins with --bf16), where the device computes bf16 faster than fp32.
     "twin --compile --bf16": ("twin", {"compile": True, "bf16": True}, {}, ("cpu", "cuda")),
     "twin --compile --cudagraphs": ("twin", {"compile": True, "cudagraphs": True}, {}, ("cuda",)),
 }
@@ -481,11 +481,11 @@ def main():
         device = torch.device(device_type)
         configs = [config for config in args.configs if device_type in CONFIGS[config][3]]
         twin_has_bf16 = has_bf16(algo)
-        if not twin_has_bf16 or not run_utils.native_bf16(device):
+        if not twin_has_bf16 or not run_utils.fast_bf16(device):
             skipped = [config for config in configs if CONFIGS[config][1].get("bf16")]
             configs = [config for config in configs if config not in skipped]
             if skipped:
-                why = "has no --bf16" if not twin_has_bf16 else f"{device} does not compute bf16 natively"
+                why = "has no --bf16" if not twin_has_bf16 else f"{device} does not compute bf16 faster than fp32"
                 print(f"{algo} on {device_type}: skipping {', '.join(skipped)}: its twin {why}", flush=True)
         measured, flops = measure(algo, configs, device, args.repeats, args.pieces)
         train_batch = ALGOS[algo][3]

@@ -14,16 +14,16 @@ beside it. The modules a script imports from its repository's root (CleanRL's TD
 copied unedited beside it, and their runs get DIR/peers/<repo>/ on PYTHONPATH, as a clone installed with pip. A clone's
 script that is not the version the edits were written against (its commit and git blob below) gets a warning line.
 
-Per seed, per pair, our twin (from --ours, default this repository's leanrl/) and theirs run in turn, ours first for
-the 1st, 3rd, ... seed and theirs first for the others, with the same budget flags (--tiny: a few hundred steps, to
-check that everything runs). Where the device computes bf16 natively (describe_machine's native_bf16), a twin whose
-Args has a bf16 field also runs with --bf16 added, right after its fp32 run of the seed; elsewhere one line says so and
-the table's bf16 column is "–". A run that fails (exit status, no sps in its output, past --timeout) is reported with a
+Per seed, per pair, our twin (from --ours, default this repository's leanrl/) and theirs run in turn, ours first for the
+1st, 3rd, ... seed and theirs first for the others, with the same budget flags (--tiny: a few hundred steps, to check
+that everything runs). Where the device computes bf16 faster than fp32 (describe_machine's fast_bf16), a twin whose Args
+has a bf16 field also runs with --bf16 added, right after its fp32 run of the seed; elsewhere one line says so and the
+table's bf16 column is "–". A run that fails (exit status, no sps in its output, past --timeout) is reported with a
 one-line reason; where the pair has a fallback (LeanRL's SAC and TD3 with --compile die in dynamo on torch 2.13: their
 eager run), the fallback runs next. sps: ours, the steady-state sps of our results line (--results-path); theirs, as
 PEERS says for each: LeanRL's progress bar's last figure; CleanRL's scripts print an sps counted from step 0 (the JIT
-compile and the random warm-up with it), so an edit prints each of those points' global step and clock, and the sps
-is taken between the first point past the warm-up and the last.
+compile and the random warm-up with it), so an edit prints each of those points' global step and clock, and the sps is
+taken between the first point past the warm-up and the last.
 
 Writes DIR/peers.jsonl (every run, as it ends), DIR/peers.md (machine, clones, budgets, per pair the medians over seeds
 of ours, theirs and ours with --bf16, the ratios to theirs, each seed's figures, the failed runs, the edits) and
@@ -147,10 +147,10 @@ def sps_points(indent):
 
 LEANRL_SPS = "its progress bar's last sps"
 # Our twins with a --bf16 switch (their Args declare it, as run.sh greps for it) also run with it, where the device
-# computes bf16 natively (elsewhere the switch only says that it is off).
+# computes bf16 faster than fp32 (elsewhere the switch only says that it is off).
 BF16 = "--bf16"
 BF16_FIELD = re.compile(r"^    bf16: bool", re.MULTILINE)
-NATIVE_BF16 = "AMX, AVX512-BF16 or a CUDA GPU of compute capability 8+"
+FAST_BF16 = "a CUDA GPU of compute capability 8+, AMX or an AMD CPU's AVX512-BF16"
 # CleanRL's TD3 and DQN import their replay buffer from the repository's root (from cleanrl_utils.buffers import ...).
 CLEANRL_BUFFERS = ("cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py")
 # Each pair: their script (repo, path, the commit the edits were written against and its git blob), our twin, the
@@ -614,11 +614,11 @@ def ratio(ours, theirs):
 
 def bf16_line(machine, switch):
     """One line on our --bf16 runs, for the terminal and the table; switch: the pairs whose twin has the switch."""
-    if not machine["native_bf16"]:
-        return f"bf16: not native here ({NATIVE_BF16}): no {BF16} runs of ours, its column is –."
+    if not machine["fast_bf16"]:
+        return f"bf16: not faster than fp32 here ({FAST_BF16}): no {BF16} runs of ours, its column is –."
     if not switch:
-        return f"bf16: native here, but none of these pairs' twins has a {BF16} switch."
-    return f"bf16: native here; ours also runs with {BF16} right after each seed's fp32 run: {', '.join(switch)}."
+        return f"bf16: faster than fp32 here, but none of these pairs' twins has a {BF16} switch."
+    return f"bf16: faster than fp32 here; ours also runs with {BF16} after each seed's fp32 run: {', '.join(switch)}."
 
 
 def report(records, pairs, seeds, args, prepared, clones, machine, switch):
@@ -780,7 +780,7 @@ def main():
     print(f"machine: {machine_text(machine)}, torch {machine['torch']}")
     switch = [name for name in pairs if BF16_FIELD.search((args.ours / PEERS[name]["ours"]).read_text())]
     print(bf16_line(machine, switch))
-    plan = plan_runs(pairs, seeds, switch if machine["native_bf16"] else [])
+    plan = plan_runs(pairs, seeds, switch if machine["fast_bf16"] else [])
     records, interrupted = [], False
     try:
         for number, (seed, name, side, variants) in enumerate(plan, start=1):

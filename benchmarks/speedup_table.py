@@ -66,7 +66,7 @@ def describe_machine():
     import torch  # only here: reading and tabulating results needs no torch
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "leanrl"))
-    from run_utils import native_bf16
+    from run_utils import fast_bf16
 
     return {
         "cpu": cpu_name(),
@@ -76,8 +76,8 @@ def describe_machine():
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
-        # whether the device the scripts pick computes bf16 natively: run.sh then runs the twins' --bf16 too
-        "native_bf16": native_bf16(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
+        # whether the device the scripts pick computes bf16 faster than fp32: run.sh then runs the twins' --bf16 too
+        "fast_bf16": fast_bf16(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
     }
 
 

@@ -66,7 +66,7 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     """if toggled, the update, action selection and Q(lambda) targets are captured in CUDA graphs (CUDA only)"""
     bf16: bool = False
     """if toggled, the Q network's forward and backward passes run in bf16 (autocast) where the device computes bf16
-    natively (a CUDA GPU of compute capability 8+, a CPU with AMX or AVX512-BF16); weights and optimizer stay fp32"""
+    faster than fp32 (a CUDA GPU of compute capability 8+, AMX, AMD's AVX512-BF16); weights and optimizer stay fp32"""
 
 
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').

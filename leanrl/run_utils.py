@@ -147,10 +147,10 @@ class Run:
         if getattr(self.args, "cudagraphs", False) and not use_cuda:  # the twins' flag
             print(f"{self.script}: --cudagraphs needs a CUDA device; cudagraphs are off for this run", file=sys.stderr)
             self.args.cudagraphs = False
-        if getattr(self.args, "bf16", False) and not native_bf16(device):  # the Atari twins' flag
-            print(f"{self.script}: --bf16 needs a device that computes bf16 natively (a CUDA GPU of compute capability "
-                  f"8+, a CPU with AMX or AVX512-BF16), which {device} is not; bf16 is off for this run",
-                  file=sys.stderr)  # fmt: skip
+        if getattr(self.args, "bf16", False) and not fast_bf16(device):  # the twins' flag
+            print(f"{self.script}: --bf16 needs a device that computes bf16 faster than fp32 (a CUDA GPU of compute "
+                  f"capability 8+, a CPU with AMX, an AMD CPU with AVX512-BF16), which {device} is not; bf16 is off "
+                  "for this run", file=sys.stderr)  # fmt: skip
             self.args.bf16 = False
         return device
 
@@ -187,10 +187,11 @@ class Run:
         return checkpoint
 
     def on_signal(self, signum, frame):
-        """Ctrl-C or SIGTERM: the run ends after this step. A second kills it, but under torchrun, which passes Ctrl-C
-        to workers that had it already (and kills them 30 s later)."""
+        """Ctrl-C or SIGTERM: the run ends after this step. A second Ctrl-C kills it, but under torchrun, which passes
+        Ctrl-C to workers that had it already (and kills them 30 s later). A second SIGTERM changes nothing: a shutdown
+        sends one to every process, and a parent that passes signals on (learning_curves.py) another."""
         self.stop_signals.append(signum)
-        if "RANK" not in os.environ:
+        if signum == signal.SIGINT and "RANK" not in os.environ:
             signal.signal(signum, signal.SIG_DFL)
 
     def clock(self, iteration, *, train_from, measure_from, global_step, ready=True):
@@ -358,12 +359,25 @@ def world():
                  (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1)))  # fmt: skip
 
 
-def native_bf16(device):
-    """Whether the device computes bf16 natively: a CUDA GPU of compute capability 8 or more (tensor cores), a CPU with
-    AMX or AVX512-BF16 (oneDNN's bf16 kernels). Elsewhere bf16 is emulated, with nothing to gain."""
+def fast_bf16(device):
+    """Whether the device computes bf16 faster than fp32, so that --bf16 pays: a CUDA GPU of compute capability 8 or
+    more (tensor cores); a CPU with AMX (Intel's, Sapphire Rapids on), or an AMD CPU with AVX512-BF16 (Zen 4 on;
+    measured on a Zen 5). An Intel CPU with AVX512-BF16 and no AMX (measured on a Xeon VM that hides its AMX) computes
+    bf16 natively but no faster, and pays the casts: --bf16 is slower there (docs/speed_cpu.md). Elsewhere bf16 is
+    emulated, 15x slower."""
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device)[0] >= 8
-    return torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+    amd_avx512_bf16 = torch.cpu._is_avx512_bf16_supported() and cpu_vendor() == "AuthenticAMD"
+    return torch.cpu._is_amx_tile_supported() or amd_avx512_bf16
+
+
+def cpu_vendor():
+    """The CPU's maker as it names itself (GenuineIntel, AuthenticAMD), from Linux's /proc/cpuinfo; "" elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
 
 
 def exit_with_error(message):

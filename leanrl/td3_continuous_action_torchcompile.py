@@ -54,8 +54,8 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     cudagraphs: bool = False
     """if toggled, the updates and action selection are captured in CUDA graphs (CUDA only)"""
     bf16: bool = False
-    """if toggled, the networks' hidden layers run in bf16 (autocast) where the device computes bf16 natively (a CUDA
-    GPU of compute capability 8+, a CPU with AMX or AVX512-BF16); heads, weights, losses and optimizer stay fp32"""
+    """if toggled, the networks' hidden layers run in bf16 (autocast) where the device computes bf16 faster than fp32
+    (a CUDA GPU of compute capability 8+, AMX, AMD's AVX512-BF16); heads, weights, losses and optimizer stay fp32"""
 
 
 LOG_EVERY = 100  # iterations (steps of one env) between logs and the non-finite loss check

@@ -412,13 +412,13 @@ def check_twin_runs_with_every_flag_combination(twin, algo, tmp_path, tiny=TINY_
 
 
 def check_bf16_run(twin, tiny, results, fp32_result):
-    """--bf16 on the CPU: on one that computes bf16 natively (AMX, AVX512-BF16) it is on, recorded, and says nothing;
-    elsewhere one line says it is off, and the run is the fp32 one, return for return."""
+    """--bf16 on the CPU: on one that computes bf16 faster than fp32 (AMX, an AMD CPU's AVX512-BF16) it is on,
+    recorded, and says nothing; elsewhere one line says it is off, and the run is the fp32 one, return for return."""
     flags = (*tiny.flags, "--seed", "1", "--results-path", results, "--bf16")
     completed = run_script_in_process(twin, *flags, env=tiny.env)
     assert completed.returncode == 0 and "Traceback" not in completed.stderr, describe(completed)
     result, mentions = read_results(results)[-1], [line for line in output_lines(completed) if "bf16" in line]
-    if run_utils.native_bf16(torch.device("cpu")):
+    if run_utils.fast_bf16(torch.device("cpu")):
         assert result["bf16"] is True and not mentions, mentions
     else:
         assert len(mentions) == 1 and "bf16 is off for this run" in mentions[0], mentions

@@ -65,12 +65,12 @@ def test_micro_benchmark_times_every_algorithm_and_configuration(tmp_path):
     configs = ["plain (eager)", "twin (eager)", "twin --compile", "twin --compile, max-autotune",
                "twin --compile, cpp_wrapper", "twin --compile, every guard",
                "twin --compile, tensor guards only"]  # fmt: skip
-    # --bf16: the twins that have it, where this CPU computes bf16 natively; a line says which are skipped and why.
-    native = run_utils.native_bf16(torch.device("cpu"))
-    bf16_algos = {"sac", "td3", "ppo_atari"} if native else set()
+    # --bf16: the twins that have it, where this CPU computes bf16 faster than fp32; a line says which are skipped, why.
+    fast = run_utils.fast_bf16(torch.device("cpu"))
+    bf16_algos = {"sac", "td3", "ppo_atari"} if fast else set()
     configs_of = lambda algo: configs + ["twin --compile --bf16"] * (algo in bf16_algos)  # noqa: E731
     for algo in ("sac", "td3", "ppo_continuous", "dqn", "ppo_atari"):
-        why = "has no --bf16" if algo in ("ppo_continuous", "dqn") else "does not compute bf16 natively"
+        why = "has no --bf16" if algo in ("ppo_continuous", "dqn") else "does not compute bf16 faster than fp32"
         skipped = f"{algo} on cpu: skipping twin --compile --bf16: its twin"
         assert (skipped in completed.stdout and why in completed.stdout) == (algo not in bf16_algos), algo
     measures = "act|update|critic update|actor update"

@@ -300,8 +300,8 @@ def test_relative_links_lead_to_a_file_and_a_heading(page):
 
 def test_slugs_are_githubs():
     assert slug("Speed-up table, `./run.sh --quick`, seed 1") == "speed-up-table-runsh---quick-seed-1"
-    assert slug("9. `--bf16`: the network in bf16 where the device computes it natively") == (
-        "9---bf16-the-network-in-bf16-where-the-device-computes-it-natively"
+    assert slug("9. `--bf16`: the network in bf16 where the device computes it faster than fp32") == (
+        "9---bf16-the-network-in-bf16-where-the-device-computes-it-faster-than-fp32"
     )
     assert slug("Where this SAC differs from CleanRL's") == "where-this-sac-differs-from-cleanrls"
 

@@ -403,13 +403,13 @@ def test_categorical_edit_mends_the_reported_error_on_this_torch():
     assert mended.returncode == 0 and mended.stdout == "True\n", describe(mended)
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "no-bf16"])
-def test_a_twin_with_bf16_also_runs_with_it_where_bf16_is_native(fakes, monkeypatch, capsys, native):
-    """The tool in-process, its machine faked (describe_machine's native_bf16 as the test says): our TD3 twin declares a
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-bf16", "no-fast-bf16"])
+def test_a_twin_with_bf16_also_runs_with_it_where_bf16_is_fast(fakes, monkeypatch, capsys, fast):
+    """The tool in-process, its machine faked (describe_machine's fast_bf16 as the test says): our TD3 twin declares a
     --bf16 switch, as our SAC, TD3 and PPO Atari twins do, our DQN twin none; ours with --bf16 prints twice the sps."""
     twin = fakes / "ours" / peers.PEERS["leanrl-td3"]["ours"]
     twin.write_text(twin.read_text() + "\n\nclass Args:\n    bf16: bool = False\n")
-    machine = dict(cpu="Fake CPU", cores=2, torch_threads=2, gpu=None, torch="2.13.0", native_bf16=native)
+    machine = dict(cpu="Fake CPU", cores=2, torch_threads=2, gpu=None, torch="2.13.0", fast_bf16=fast)
     monkeypatch.setattr(peers, "describe_machine", lambda: machine)
     clones = ["--leanrl", str(fakes / "LeanRL"), "--cleanrl", str(fakes / "cleanrl"), "--ours", str(fakes / "ours")]
     pairs = ["--pairs", "leanrl-td3 cleanrl-dqn", "--seeds", "1 2 3", "--out", str(fakes / "out")]
@@ -418,7 +418,7 @@ def test_a_twin_with_bf16_also_runs_with_it_where_bf16_is_native(fakes, monkeypa
     stdout = capsys.readouterr().out
 
     # Per seed, ours with --bf16 right after ours in fp32, numbered as runs of their own.
-    td3_ours = ["--compile", "--compile --bf16"] if native else ["--compile"]
+    td3_ours = ["--compile", "--compile --bf16"] if fast else ["--compile"]
     expected = []
     for index, seed in enumerate(("1", "2", "3")):
         for name, ours in (("leanrl-td3", td3_ours), ("cleanrl-dqn", ["--compile"])):
@@ -431,7 +431,7 @@ def test_a_twin_with_bf16_also_runs_with_it_where_bf16_is_native(fakes, monkeypa
     calls = [json.loads(line) for line in (fakes / "calls.jsonl").read_text().splitlines()]
     budget = peers.PEERS["leanrl-td3"]["budget"].split()
     bf16_calls = [argv[len(budget) :] for _, _, argv in calls if "--bf16" in argv]
-    assert len(bf16_calls) == (3 if native else 0)
+    assert len(bf16_calls) == (3 if fast else 0)
     assert all(argv[:3] == ["--compile", "--bf16", "--seed"] and "compile_bf16" in argv[-1] for argv in bf16_calls)
 
     # Its own column: the median of ours with --bf16 and its ratio to theirs; – where not run.
@@ -441,15 +441,15 @@ def test_a_twin_with_bf16_also_runs_with_it_where_bf16_is_native(fakes, monkeypa
     for row in (td3, dqn):
         assert row["ours sps, median"] == "200.0" and row["ours / theirs"] == "**2.50x**", row
     assert dqn[BF16_COLUMN] == "–" and dqn[PER_SEED] == "1: 300.0 / 50.0; 2: 100.0 / 100.0; 3: 200.0 / 80.0", dqn
-    if native:
+    if fast:
         assert td3[BF16_COLUMN] == "400.0 (**5.00x**)", td3
         assert td3[PER_SEED] == "1: 300.0 / 50.0 / 600.0; 2: 100.0 / 100.0 / 200.0; 3: 200.0 / 80.0 / 400.0", td3
-        line = "bf16: native here; ours also runs with --bf16 right after each seed's fp32 run: leanrl-td3."
+        line = "bf16: faster than fp32 here; ours also runs with --bf16 after each seed's fp32 run: leanrl-td3."
     else:
         assert td3[BF16_COLUMN] == "–" and td3[PER_SEED] == dqn[PER_SEED], td3
         line = (
-            "bf16: not native here (AMX, AVX512-BF16 or a CUDA GPU of compute capability 8+): no --bf16 runs of "
-            "ours, its column is –."
+            "bf16: not faster than fp32 here (a CUDA GPU of compute capability 8+, AMX or an AMD CPU's AVX512-BF16): "
+            "no --bf16 runs of ours, its column is –."
         )
     assert line in stdout.splitlines() and line in text.splitlines(), stdout
 

@@ -4,9 +4,12 @@ state. (Each pair's tests cover the rest through its scripts: refusals, resume, 
 
 import argparse
 import copy
+import functools
 import random
 import runpy
+import signal
 import sys
+import types
 
 import gymnasium as gym
 import numpy as np
@@ -158,11 +161,48 @@ def test_rng_state_round_trip():
     assert (random.random(), np.random.rand(), torch.rand(1)) == expected
 
 
+def test_a_second_ctrl_c_kills_the_run_and_a_second_sigterm_does_not():
+    """A run ends after the step in which it got Ctrl-C or SIGTERM. A second Ctrl-C is the user's "now": the default
+    handler, which kills. A second SIGTERM is a shutdown's, or the one a batch passes on (learning_curves.py): still
+    the run's own handler, so that the run ends its way and writes its checkpoint."""
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    run = types.SimpleNamespace(stop_signals=[])
+    try:
+        for signum in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, functools.partial(run_utils.Run.on_signal, run))
+            run_utils.Run.on_signal(run, signum, None)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL and signal.getsignal(signal.SIGTERM) is not None
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        assert run.stop_signals == [signal.SIGTERM, signal.SIGTERM, signal.SIGINT]
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
 def test_a_mistake_is_one_line_and_status_2(capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["some_script.py"])
     with pytest.raises(SystemExit) as exit_:
         run_utils.exit_with_error("--thing must be positive")
     assert exit_.value.code == 2 and capsys.readouterr().err == "some_script.py: error: --thing must be positive\n"
+
+
+@pytest.mark.parametrize(
+    ("amx", "avx512_bf16", "vendor", "fast"),
+    [(True, True, "GenuineIntel", True), (False, True, "AuthenticAMD", True), (False, True, "GenuineIntel", False),
+     (False, False, "AuthenticAMD", False), (False, True, "", False)],
+    ids=["intel-amx", "amd-avx512-bf16", "intel-avx512-bf16-without-amx", "avx2", "unknown-vendor"],
+)  # fmt: skip
+def test_bf16_is_fast_on_amx_and_on_amds_avx512_bf16_only(amx, avx512_bf16, vendor, fast, monkeypatch):
+    """--bf16 is on where bf16 is faster than fp32: AMX, or AVX512-BF16 on an AMD CPU. An Intel CPU's AVX512-BF16
+    without AMX computes bf16 natively, but slower than fp32 (docs/speed_cpu.md): off there, as where it is emulated."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(run_utils, "cpu_vendor", lambda: vendor)
+    assert run_utils.fast_bf16(torch.device("cpu")) is fast
+
+
+def test_cpu_vendor_is_the_cpus_own_name():
+    assert run_utils.cpu_vendor() in ("GenuineIntel", "AuthenticAMD", "")  # the x86 makers; "" without /proc/cpuinfo
 
 
 @pytest.mark.parametrize(

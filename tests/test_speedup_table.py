@@ -290,9 +290,9 @@ def fake_repo(tmp_path):
     }
     for name, (algo, fail_if) in fakes.items():
         (repo / "leanrl" / f"{name}.py").write_text(FAKE_SCRIPT.format(name=f"{name}.py", algo=algo, fail_if=fail_if))
-    # The machine's bf16, as the table tool records it for run.sh: native where the test says so.
-    (repo / "leanrl" / "run_utils.py").write_text("import os\n\n\ndef native_bf16(device):\n"
-                                                  "    return os.environ.get('FAKE_NATIVE_BF16') == '1'\n")  # fmt: skip
+    # The machine's bf16, as the table tool records it for run.sh: fast where the test says so.
+    (repo / "leanrl" / "run_utils.py").write_text("import os\n\n\ndef fast_bf16(device):\n"
+                                                  "    return os.environ.get('FAKE_FAST_BF16') == '1'\n")  # fmt: skip
     return repo
 
 
@@ -356,25 +356,25 @@ def test_scripts_option_runs_only_those(fake_repo):
     assert completed.returncode == 2 and "already holds a results.jsonl" in completed.stderr, describe(completed)
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "no-bf16"])
-def test_a_twin_with_bf16_runs_once_more_with_it_where_bf16_is_native(fake_repo, native):
+@pytest.mark.parametrize("fast", [True, False], ids=["fast-bf16", "no-fast-bf16"])
+def test_a_twin_with_bf16_runs_once_more_with_it_where_bf16_is_fast(fake_repo, fast):
     """td3's fake twin declares a --bf16 switch, as the Atari twins do; sac's does not."""
     twin = fake_repo / "leanrl" / "td3_continuous_action_torchcompile.py"
     twin.write_text(twin.read_text() + "\n\nclass Args:\n    bf16: bool = False\n")
     out = fake_repo / "bf16"
-    env = {"FAKE_NATIVE_BF16": "1" if native else "0", "CUDA_VISIBLE_DEVICES": ""}
+    env = {"FAKE_FAST_BF16": "1" if fast else "0", "CUDA_VISIBLE_DEVICES": ""}
     completed = run_sh("--tiny", "--scripts", "td3_continuous_action sac_continuous_action", "--out", str(out),
                        env=env, script=fake_repo / "run.sh", timeout=300)  # fmt: skip
     assert completed.returncode == 1, describe(completed)  # sac's fake twin fails with --compile
     progress = re.findall(r"^\[\d+/(\d+)\] (\S+) (\S+) seed 1", completed.stdout, re.MULTILINE)
-    bf16_runs = [("td3_continuous_action", "twin+compile+bf16")] if native else []
+    bf16_runs = [("td3_continuous_action", "twin+compile+bf16")] if fast else []
     variants = ("plain", "twin", "twin+compile")
     expected = [(s, v) for s in ("sac_continuous_action", "td3_continuous_action") for v in variants] + bf16_runs
     assert sorted((script, variant) for _, script, variant in progress) == sorted(expected)
     assert {total for total, *_ in progress} == {str(len(expected))}
-    assert ("skipping the --bf16 variant" in completed.stdout) == (not native), completed.stdout
+    assert ("skipping the --bf16 variant" in completed.stdout) == (not fast), completed.stdout
     table = markdown_table((out / "speedup.md").read_text(), "Training speed")
-    if native:
+    if fast:
         assert (out / "logs" / "td3_continuous_action-twin-compile-bf16-seed1.log").read_text().split()[-2:] == [
             "--compile", "--bf16"]  # fmt: skip
         assert table["td3", "Pendulum-v1"]["twin+compile+bf16"] == "606.0"
