@@ -513,7 +513,7 @@ def run_child(script, seed, flags, out, options):
         command[1:1] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(options.processes)]
     # The run in a session of its own, and each Ctrl-C or SIGTERM this batch gets passed on to it: the terminal's Ctrl-C
     # (to this process group) and a `kill` of this process alone both reach the run once, which ends its way (a second
-    # kills it); a run left out would train on alone, and one in this group would get a group's signal twice.
+    # Ctrl-C kills it); a run left out would train on alone, and one in this group would get a group's signal twice.
     child = subprocess.Popen([*command, "--", *flags], start_new_session=True)
     stops = (signal.SIGINT, signal.SIGTERM)
     handlers = {signum: signal.signal(signum, lambda signum, frame: child.send_signal(signum)) for signum in stops}
@@ -522,7 +522,7 @@ def run_child(script, seed, flags, out, options):
     finally:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
-    status = 128 - status if status < 0 else status  # killed by a signal (a second one): as a shell reports it
+    status = 128 - status if status < 0 else status  # killed by a signal (a second Ctrl-C): as a shell reports it
     if status in (128 + signal.SIGINT, 128 + signal.SIGTERM):  # the run was cut (here too, or only there): stop
         fail(f"interrupted in seed {seed}: records of finished seeds (and checkpoints) are kept; the same command "
              "goes on", status)  # fmt: skip
