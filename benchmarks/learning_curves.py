@@ -82,7 +82,7 @@ from pathlib import Path
 import gymnasium as gym
 import matplotlib
 import numpy as np
-from speedup_table import describe_machine, machine_text  # benchmarks/ is on the path when this file runs
+from speedup_table import FAST_BF16, describe_machine, machine_text  # benchmarks/ is on the path when this file runs
 
 matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
@@ -548,8 +548,8 @@ def run_batch(script, flags, options):
         if "--bf16" in flags:
             fail("--also-bf16 adds --bf16 to a second run of each seed: leave it out of the script's flags")
         if not describe_machine()["fast_bf16"]:
-            fail("--also-bf16: this machine does not compute bf16 faster than fp32 (a CUDA GPU of compute capability "
-                 "8+, AMX or an AMD CPU's AVX512-BF16): its --bf16 runs would be fp32 runs")  # fmt: skip
+            fail(f"--also-bf16: this machine does not compute bf16 faster than fp32 ({FAST_BF16}): its --bf16 runs "
+                 "would be fp32 runs")  # fmt: skip
         variants.append([*flags, "--bf16"])
     if out.exists() and not out.is_dir():
         fail(f"--out {out} is a file, not a folder")

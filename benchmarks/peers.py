@@ -49,7 +49,8 @@ import time
 from collections import namedtuple
 from pathlib import Path
 
-from speedup_table import describe_machine, fail, machine_text  # benchmarks/ is on the path when this file runs
+# benchmarks/ is on the path when this file runs
+from speedup_table import FAST_BF16, describe_machine, fail, machine_text
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PEER_REPOS = {  # --option: (name, upstream)
@@ -150,7 +151,6 @@ LEANRL_SPS = "its progress bar's last sps"
 # computes bf16 faster than fp32 (elsewhere the switch only says that it is off).
 BF16 = "--bf16"
 BF16_FIELD = re.compile(r"^    bf16: bool", re.MULTILINE)
-FAST_BF16 = "a CUDA GPU of compute capability 8+, AMX or an AMD CPU's AVX512-BF16"
 # CleanRL's TD3 and DQN import their replay buffer from the repository's root (from cleanrl_utils.buffers import ...).
 CLEANRL_BUFFERS = ("cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py")
 # Each pair: their script (repo, path, the commit the edits were written against and its git blob), our twin, the

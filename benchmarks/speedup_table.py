@@ -62,6 +62,10 @@ def cpu_name():
     return platform.processor() or platform.machine()
 
 
+# The devices where run_utils.fast_bf16 holds, in words, for the tools' lines on --bf16.
+FAST_BF16 = "a CUDA GPU of compute capability 8+, AMX or an AMD CPU's AVX512-BF16"
+
+
 def describe_machine():
     import torch  # only here: reading and tabulating results needs no torch
 
