@@ -61,6 +61,9 @@ With --reach R the table has a section per panel: for each run and seed, the wal
 the end of the first episode at which the mean return of the last --window episodes is R or more (once --window
 episodes have ended), and their mean over seeds; a seed that never reaches R is "not reached", with its run's end.
 A record without times gives the step only.
+Where a run is another's with --bf16 added (--also-bf16 makes such pairs), the table says whether bf16 learns as fp32
+does by the rule written down before any comparison was run: at half the budget and at its end, bf16's mean over
+seeds lies within the fp32 seeds' range widened by 10% of their mean on each side.
 """
 
 import argparse
@@ -817,6 +820,40 @@ def reach_rows(runs, value, count):
     return lines
 
 
+def bf16_rows(runs, window):
+    """Where a run is another's with --bf16 added: at half the budget and at its end, bf16's mean over seeds against
+    the band written down before any comparison was run (the fp32 seeds' range widened by 10% of their mean on each
+    side), then the verdict: the same learning where it lies in the band at both steps."""
+    lines = []
+    for (script_path, flags, world_size), bf16 in runs.items():
+        fp32 = runs.get((script_path, tuple(flag for flag in flags if flag != "--bf16"), world_size))
+        if "--bf16" not in flags or fp32 is None:
+            continue
+        run, budget = f"`{run_name(script_path, flags, world_size)}`", bf16[0]["total_timesteps"]
+        if not lines:
+            lines = [row("step", "run", "bf16, mean over seeds", "fp32 seeds", "band", "bf16 lies"), "|---" * 6 + "|"]
+        places = []
+        for step in (budget // 2, budget):
+            bf16_values = [recent_means(record["episodes"], [step], window)[0] for record in bf16]
+            fp32_values = [recent_means(record["episodes"], [step], window)[0] for record in fp32]
+            reached = min(record["steps"] for record in bf16 + fp32)
+            if reached < step or any(map(math.isnan, bf16_values + fp32_values)):
+                places.append(f"not decided: runs end at {reached:,}" if reached < step else "not decided: no episode")
+                lines.append(row(f"{step:,}", run, "–", "–", "–", places[-1]))
+                continue
+            margin = 0.1 * abs(np.mean(fp32_values))
+            low, high, mean = min(fp32_values) - margin, max(fp32_values) + margin, np.mean(bf16_values)
+            places.append(f"{'inside' if low <= mean <= high else 'above' if mean > high else 'below'} the band")
+            per_seed = ", ".join(f"{r['seed']}: {value:.1f}" for r, value in zip(fp32, fp32_values, strict=True))
+            lines.append(row(f"{step:,}", run, f"{mean:.1f}", per_seed, f"{low:.1f} to {high:.1f}", places[-1]))
+        if any(place.startswith("not decided") for place in places):
+            verdict = "not decided yet"
+        else:
+            verdict = "**the same learning**" if places == ["inside the band"] * 2 else "**not the same learning**"
+        lines.append(row("verdict", run, "–", "–", "–", verdict))
+    return lines
+
+
 def run_command(script_path, flags, world_size, records):
     """The command that makes these records, all in one folder (a rerun skips them and runs any seed missing)."""
     threads = {record["omp_num_threads"] for record in records}
@@ -886,6 +923,19 @@ def table(panels, window, image, plot_command, reach=None):
                 f"### {algo} on {env_id}: when the return reaches {reach:g}",
                 "",
                 *reach_rows(runs, reach, window),
+            ]
+        bf16 = bf16_rows(runs, window)
+        if bf16:
+            lines += [
+                "",
+                f"### {algo} on {env_id}: --bf16 against fp32",
+                "",
+                f"bf16's mean over seeds of the mean return of the last {window} episodes, at half the budget and at "
+                "its end, against the band written down before any comparison was run: the fp32 seeds' range widened "
+                "by 10% of their mean on each side. In the band at both steps: the same learning, by that rule (a few "
+                "seeds: a hint at a difference, not a proof of none).",
+                "",
+                *bf16,
             ]
         lines.append("")
 

@@ -358,14 +358,14 @@ PANELS = [
 
 
 def write_record(
-    folder, script, algo, env_id, budget, seed, flags=("--compile",), script_path=None, timed=True, **fields
+    folder, script, algo, env_id, budget, seed, flags=("--compile",), script_path=None, timed=True, offset=0, **fields
 ):
     """A record as `run` wrote it before worlds of processes and random policies; an episode ends every 1000 steps
-    with return step / 100 + 10 * seed, at 1800 * seed * step / budget seconds (the run's wall_seconds at its end;
-    timed=False: without seconds, as records were written before). script_path: where the script was, as the record
-    shows it (default: leanrl/). fields: the newer ones (world_size, random_policy_returns)."""
+    with return step / 100 + 10 * seed + offset, at 1800 * seed * step / budget seconds (the run's wall_seconds at its
+    end; timed=False: without seconds, as records were written before). script_path: where the script was, as the
+    record shows it (default: leanrl/). fields: the newer ones (world_size, random_policy_returns)."""
     flags = [*flags, "--total-timesteps", str(budget)]
-    episodes = [[step, step / 100 + 10 * seed] for step in range(1000, budget + 1, 1000)]
+    episodes = [[step, step / 100 + 10 * seed + offset] for step in range(1000, budget + 1, 1000)]
     if timed:
         episodes = [[step, ret, 1800.0 * seed * step / budget] for step, ret in episodes]
     machine = dict(cpu="Test CPU", cores=2, gpu=None, torch="2.13.0", torch_threads=1)
@@ -696,6 +696,38 @@ def test_plot_compares_worlds_of_one_and_two_with_the_random_policy(tmp_path):
         f"`OMP_NUM_THREADS=1 python benchmarks/learning_curves.py run --script {script} --processes 2 --seeds 1 --out "
         f"{tmp_path / 'world2'} -- --compile --total-timesteps 50000`"
     ) in text
+
+
+def test_plot_says_whether_bf16_learns_as_fp32_by_the_band_written_down_before(tmp_path):
+    """A run with --bf16 beside the same run without: at half the budget and at its end, bf16's mean over seeds
+    against the fp32 seeds' range widened by 10% of their mean on each side, and the verdict; a run with no fp32
+    twin has no such rows."""
+    for algo, offset in (("sac", 200), ("td3", 0)):
+        for seed in (1, 2):
+            for flags, shift in ((("--compile",), 0), (("--compile", "--bf16"), offset)):
+                write_record(tmp_path, f"{algo}_continuous_action_torchcompile", algo, "HalfCheetah-v5", 300_000, seed,
+                             flags=flags, offset=shift)  # fmt: skip
+    write_record(tmp_path, "dqn_torchcompile", "dqn", "CartPole-v1", 50_000, 1, flags=("--compile", "--bf16"))
+    panels = learning_curves.read_folders([tmp_path])
+
+    def rows(algo, env_id="HalfCheetah-v5"):
+        lines = learning_curves.bf16_rows(panels[(algo, env_id)], window=20)
+        return [[row["step"], row["bf16, mean over seeds"], row["fp32 seeds"], row["band"], row["bf16 lies"]]
+                for row in markdown_rows("## rows\n" + "\n".join(lines), "rows")]  # fmt: skip
+
+    # The last 20 episodes by step T return T / 100 - 95 + 10 * seed: fp32 1415, 1425 at 150k and 2915, 2925 at 300k,
+    # bands 1415 - 142 to 1425 + 142 and 2915 - 292 to 2925 + 292; bf16 has the mean of its seeds, plus its offset.
+    assert rows("sac") == [
+        ["150,000", "1620.0", "1: 1415.0, 2: 1425.0", "1273.0 to 1567.0", "above the band"],
+        ["300,000", "3120.0", "1: 2915.0, 2: 2925.0", "2623.0 to 3217.0", "inside the band"],
+        ["verdict", "–", "–", "–", "**not the same learning**"],
+    ]
+    assert rows("td3") == [
+        ["150,000", "1420.0", "1: 1415.0, 2: 1425.0", "1273.0 to 1567.0", "inside the band"],
+        ["300,000", "2920.0", "1: 2915.0, 2: 2925.0", "2623.0 to 3217.0", "inside the band"],
+        ["verdict", "–", "–", "–", "**the same learning**"],
+    ]
+    assert learning_curves.bf16_rows(panels[("dqn", "CartPole-v1")], window=20) == []
 
 
 # --- Bad input ----------------------------------------------------------------------------------------------------
