@@ -88,8 +88,10 @@ def test_run_records_the_scripts_episodes_and_a_rerun_skips_done_seeds(tmp_path)
 
 
 # sac_continuous_action.py run as it is, but for its first sitting (no --resume), which holds at its checkpoint of step
-# 400 until its handler has a Ctrl-C: the test's signal always finds the run there, whatever the machine's speed.
+# 400 until its handler has a Ctrl-C: the test's signal always finds the run there, whatever the machine's speed. It
+# holds only while its batch lives: a run in a session of its own outlives a batch that died, and must not hang on.
 HELD_SCRIPT = """
+import os
 import runpy
 import sys
 import time
@@ -102,8 +104,11 @@ real_save = run_utils.Run.save_checkpoint
 
 def save_then_hold(run, **agent):
     real_save(run, **agent)
-    while agent["global_step"] == 400 and "--resume" not in sys.argv and not run.stop_signals:
+    while agent["global_step"] == 400 and "--resume" not in sys.argv and not run.stop_signals and os.getppid() == BATCH:
         time.sleep(0.05)
+
+
+BATCH = os.getppid()
 
 
 run_utils.Run.save_checkpoint = save_then_hold
