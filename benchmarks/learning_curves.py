@@ -832,24 +832,27 @@ def bf16_rows(runs, window):
         run, budget = f"`{run_name(script_path, flags, world_size)}`", bf16[0]["total_timesteps"]
         if not lines:
             lines = [row("step", "run", "bf16, mean over seeds", "fp32 seeds", "band", "bf16 lies"), "|---" * 6 + "|"]
-        places = []
+        sides = []  # per step: where bf16 lies against the band, None where that is not known yet
         for step in (budget // 2, budget):
+            reached = min(record["steps"] for record in bf16 + fp32)
             bf16_values = [recent_means(record["episodes"], [step], window)[0] for record in bf16]
             fp32_values = [recent_means(record["episodes"], [step], window)[0] for record in fp32]
-            reached = min(record["steps"] for record in bf16 + fp32)
-            if reached < step or any(map(math.isnan, bf16_values + fp32_values)):
-                places.append(f"not decided: runs end at {reached:,}" if reached < step else "not decided: no episode")
-                lines.append(row(f"{step:,}", run, "–", "–", "–", places[-1]))
+            if reached < step or any(map(math.isnan, bf16_values + fp32_values)):  # the words of ours() for these
+                sides.append(None)
+                why = f"not reached (runs end at {reached:,})" if reached < step else "no finished episode by then"
+                lines.append(row(f"{step:,}", run, "–", "–", "–", why))
                 continue
             margin = 0.1 * abs(np.mean(fp32_values))
             low, high, mean = min(fp32_values) - margin, max(fp32_values) + margin, np.mean(bf16_values)
-            places.append(f"{'inside' if low <= mean <= high else 'above' if mean > high else 'below'} the band")
+            sides.append("inside" if low <= mean <= high else "above" if mean > high else "below")
             per_seed = ", ".join(f"{r['seed']}: {value:.1f}" for r, value in zip(fp32, fp32_values, strict=True))
-            lines.append(row(f"{step:,}", run, f"{mean:.1f}", per_seed, f"{low:.1f} to {high:.1f}", places[-1]))
-        if any(place.startswith("not decided") for place in places):
+            lines.append(
+                row(f"{step:,}", run, f"{mean:.1f}", per_seed, f"{low:.1f} to {high:.1f}", f"{sides[-1]} the band")
+            )
+        if None in sides:
             verdict = "not decided yet"
         else:
-            verdict = "**the same learning**" if places == ["inside the band"] * 2 else "**not the same learning**"
+            verdict = "**the same learning**" if sides == ["inside", "inside"] else "**not the same learning**"
         lines.append(row("verdict", run, "–", "–", "–", verdict))
     return lines
 

@@ -713,6 +713,12 @@ def test_plot_says_whether_bf16_learns_as_fp32_by_the_band_written_down_before(t
                 write_record(tmp_path, f"{algo}_continuous_action_torchcompile", algo, "HalfCheetah-v5", 300_000, seed,
                              flags=flags, offset=shift)  # fmt: skip
     write_record(tmp_path, "dqn_torchcompile", "dqn", "CartPole-v1", 50_000, 1, flags=("--compile", "--bf16"))
+    for flags in (("--compile",), ("--compile", "--bf16")):  # a pair whose bf16 run is in progress, at 20k of 50k
+        write_record(tmp_path, "pqn_torchcompile", "pqn", "CartPole-v1", 50_000, 1, flags=flags)
+    in_progress = tmp_path / learning_curves.record_name("pqn_torchcompile", [*flags, "--total-timesteps", "50000"], 1)
+    record = json.loads(in_progress.read_text())
+    record.update(steps=20_000, episodes=record["episodes"][:20])
+    in_progress.write_text(json.dumps(record))
     panels = learning_curves.read_folders([tmp_path])
 
     def rows(algo, env_id="HalfCheetah-v5"):
@@ -733,6 +739,11 @@ def test_plot_says_whether_bf16_learns_as_fp32_by_the_band_written_down_before(t
         ["verdict", "–", "–", "–", "**the same learning**"],
     ]
     assert learning_curves.bf16_rows(panels[("dqn", "CartPole-v1")], window=20) == []
+    assert rows("pqn", "CartPole-v1") == [
+        ["25,000", "–", "–", "–", "not reached (runs end at 20,000)"],
+        ["50,000", "–", "–", "–", "not reached (runs end at 20,000)"],
+        ["verdict", "–", "–", "–", "not decided yet"],
+    ]
 
 
 # --- Bad input ----------------------------------------------------------------------------------------------------
