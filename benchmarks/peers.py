@@ -29,14 +29,16 @@ Writes DIR/peers.jsonl (every run, as it ends), DIR/peers.md (machine, clones, b
 of ours, theirs and ours with --bf16, the ratios to theirs, each seed's figures, the failed runs, the edits) and
 DIR/logs/ (each run's output). Their runs get WANDB_MODE=disabled (LeanRL's scripts call wandb.init whatever their
 flags) and work in DIR/work/ (where CleanRL's scripts write their TensorBoard runs/). Exit status: 0 when every run
-ran, 1 when a run failed (the table is still written), 2 for a bad option, an edit that does not apply or a missing
-file of theirs.
+ran, 1 when a run failed (the table is still written), 2 for a bad option, an edit that does not apply, a missing
+file of theirs or a module their script imports that is not installed.
 """
 
 import argparse
+import ast
 import difflib
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -451,6 +453,28 @@ def prepare(pairs, clones):
     return prepared
 
 
+# How to install a module a peer's script imports, where requirements-peers.txt does not install it.
+INSTALL = {"torchrl": "pip install --no-deps torchrl==0.14.1 (apart: see docs/peers.md)"}
+
+
+def check_imports(prepared):
+    """Fails (exit status 2, before any run) naming the first module the edited copies import at their top level that
+    is not installed here, and how to install it; the modules of their repository copied beside them do not count."""
+    for name, (edited, _, _, modules) in prepared.items():
+        beside = {path.split("/")[0] for path in modules}
+        for node in ast.parse(edited).body:
+            if isinstance(node, ast.Import):
+                dotted = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                dotted = [node.module]
+            else:
+                continue
+            for module in [part.split(".")[0] for part in dotted]:
+                if module not in beside and importlib.util.find_spec(module) is None:
+                    how = INSTALL.get(module, "pip install -r requirements/requirements-peers.txt")
+                    fail(f"{name}: their script imports {module}, which is not installed here: {how}")
+
+
 def write_copies(prepared, out):
     """Each edited script into OUT/peers/<repo>/<path>, its diff beside it, and the modules it imports from its
     repository (unedited) at their paths in OUT/peers/<repo>/; {pair: the copy's path}."""
@@ -769,6 +793,8 @@ def parse_args():
 def main():
     args, pairs, seeds, clones, out = parse_args()
     prepared = prepare(pairs, clones)
+    if not args.apply_only:
+        check_imports(prepared)
     copies = write_copies(prepared, out)
     print(f"edited copies: {out / 'peers'}/ ({len(copies)} scripts, each with its .diff)")
     if args.apply_only:

@@ -376,6 +376,24 @@ def test_missing_module_of_their_repository_exits_2_with_one_line(fakes):
     assert not (fakes / "out").exists() and not (fakes / "calls.jsonl").exists()
 
 
+def test_module_their_script_imports_and_is_not_installed_exits_2_before_any_run(fakes):
+    sac = fakes / "LeanRL" / peers.PEERS["leanrl-sac"]["path"]
+    sac.write_text("import json\nfrom leanrl_absent_module.data import ReplayBuffer\n" + sac.read_text())
+    completed = run_tool("--pairs", "cleanrl-dqn leanrl-sac", fakes=fakes)
+    assert completed.returncode == 2, describe(completed)
+    lines = completed.stderr.strip().splitlines()
+    assert lines[-1].endswith(
+        "leanrl-sac: their script imports leanrl_absent_module, which is not installed here: "
+        "pip install -r requirements/requirements-peers.txt"
+    ), lines
+    assert not (fakes / "out").exists() and not (fakes / "calls.jsonl").exists()
+    # CleanRL's DQN imports the cleanrl_utils copied beside it: not a missing module; --apply-only runs nothing
+    assert run_tool("--pairs", "cleanrl-dqn leanrl-sac", "--apply-only", fakes=fakes).returncode == 0
+    # torchrl, which requirements-peers.txt cannot pin beside our tensordict, is installed as it says
+    torchrl = peers.INSTALL["torchrl"].split(" (")[0]
+    assert torchrl in (REPO_ROOT / "requirements" / "requirements-peers.txt").read_text()
+
+
 def test_clone_file_at_the_version_written_against_gets_no_warning(fakes, monkeypatch, capsys):
     dqn = fakes / "cleanrl" / peers.PEERS["cleanrl-dqn"]["path"]
     monkeypatch.setitem(peers.PEERS["cleanrl-dqn"], "blob", peers.git_blob(dqn.read_bytes()))
