@@ -166,17 +166,17 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
-    # Under --bf16 the heads stay fp32 (fp32_head): logits and values set the PPO ratio and the losses.
+    # Under --bf16 the heads stay fp32 (fp32_layer): logits and values set the PPO ratio and the losses.
     def get_value(self, x):
-        return run_utils.fp32_head(self.critic, self.network(x / 255.0))
+        return run_utils.fp32_layer(self.critic, self.network(x / 255.0))
 
     def get_action_and_value(self, x, action=None):
         hidden = self.network(x / 255.0)
-        logits = run_utils.fp32_head(self.actor, hidden)
+        logits = run_utils.fp32_layer(self.actor, hidden)
         probs = Categorical(logits=logits, validate_args=False)
         if action is None:
             action = probs.sample()
-        return action, probs.log_prob(action), probs.entropy(), run_utils.fp32_head(self.critic, hidden)
+        return action, probs.log_prob(action), probs.entropy(), run_utils.fp32_layer(self.critic, hidden)
 
 
 def compute_advantages(rewards, values, dones, next_value, next_done, gamma, gae_lambda):

@@ -189,12 +189,12 @@ class QNetwork(nn.Module):
         )
 
     def forward(self, x):
-        # Under --bf16 the last layer stays fp32 (fp32_head): the Q values set the targets, the loss and the argmax.
+        # Under --bf16 the last layer stays fp32 (fp32_layer): the Q values set the targets, the loss and the argmax.
         *body, head = self.network  # not network[:-1], which builds a new Sequential at each call
         x = x / 255.0
         for layer in body:
             x = layer(x)
-        return run_utils.fp32_head(head, x)
+        return run_utils.fp32_layer(head, x)
 
 
 def epsilon_greedy(q_values, epsilon):

@@ -593,12 +593,12 @@ class TensorLearningRate:
         self.set(state["param_groups"][0]["lr"])
 
 
-def fp32_head(head, hidden):
-    """A network's last layer in its weights' dtype (fp32), even under --bf16's autocast: its outputs (logits, values, Q
-    values) set a ratio, a target or a loss, where bf16's 8 significant bits would show (a Q value near 1000 is a
-    multiple of 4 in bf16)."""
-    with torch.autocast(hidden.device.type, enabled=False):
-        return head(hidden.to(head.weight.dtype))
+def fp32_layer(layer, x):
+    """A layer in its weights' dtype (fp32), even under --bf16's autocast, for where bf16's 8 significant bits would
+    show: a last layer, whose outputs (logits, values, Q values) set a ratio, a target or a loss (a Q value near 1000
+    is a multiple of 4 in bf16); a first layer of observations and actions, whose rounding biases the gradients."""
+    with torch.autocast(x.device.type, enabled=False):
+        return layer(x.to(layer.weight.dtype))
 
 
 # Dynamo's checks on the code's structure: types, attributes, dict keys, sequence lengths, modules and their hooks.

@@ -99,9 +99,9 @@ class SoftQNetwork(nn.Module):
 
     def forward(self, x, a):
         x = torch.cat([x, a], 1)
-        x = F.relu(self.fc1(x))
+        x = F.relu(run_utils.fp32_layer(self.fc1, x))  # under --bf16 too: rounded inputs bias the gradients
         x = F.relu(self.fc2(x))
-        return run_utils.fp32_head(self.fc3, x)  # under --bf16 too: the Q values enter the TD target and the losses
+        return run_utils.fp32_layer(self.fc3, x)  # under --bf16 too: the Q values enter the TD target and the losses
 
 
 LOG_STD_MAX = 2
@@ -121,10 +121,10 @@ class Actor(nn.Module):
         self.register_buffer("action_bias", (action_high + action_low) / 2.0)
 
     def forward(self, x):
-        x = F.relu(self.fc1(x))
+        x = F.relu(run_utils.fp32_layer(self.fc1, x))  # under --bf16 too: rounded observations bias the gradients
         x = F.relu(self.fc2(x))
-        mean = run_utils.fp32_head(self.fc_mean, x)  # under --bf16 too: the action's log-probability enters the losses
-        log_std = torch.tanh(run_utils.fp32_head(self.fc_logstd, x))
+        mean = run_utils.fp32_layer(self.fc_mean, x)  # under --bf16 too: the action's log-probability enters the losses
+        log_std = torch.tanh(run_utils.fp32_layer(self.fc_logstd, x))
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)  # from SpinUp / Denis Yarats
         return mean, log_std
 

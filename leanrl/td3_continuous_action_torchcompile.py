@@ -98,9 +98,9 @@ class QNetwork(nn.Module):
 
     def forward(self, x, a):
         x = torch.cat([x, a], 1)
-        x = F.relu(self.fc1(x))
+        x = F.relu(run_utils.fp32_layer(self.fc1, x))  # under --bf16 too: rounded inputs bias the gradients
         x = F.relu(self.fc2(x))
-        return run_utils.fp32_head(self.fc3, x)  # under --bf16 too: the Q values enter the TD target and the losses
+        return run_utils.fp32_layer(self.fc3, x)  # under --bf16 too: the Q values enter the TD target and the losses
 
 
 class Actor(nn.Module):
@@ -115,9 +115,9 @@ class Actor(nn.Module):
         self.register_buffer("action_bias", (action_high + action_low) / 2.0)
 
     def forward(self, x):
-        x = F.relu(self.fc1(x))
+        x = F.relu(run_utils.fp32_layer(self.fc1, x))  # under --bf16 too: rounded observations bias the gradients
         x = F.relu(self.fc2(x))
-        return torch.tanh(run_utils.fp32_head(self.fc_mu, x)) * self.action_scale + self.action_bias  # fp32, --bf16 too
+        return torch.tanh(run_utils.fp32_layer(self.fc_mu, x)) * self.action_scale + self.action_bias  # fp32 in --bf16
 
 
 class ReplayBuffer:

@@ -18,6 +18,7 @@ from checks import (
     assert_leaves_close,
     check_a_second_build_computes_with_its_own_hyperparameters,
     check_args_of_the_pair_match,
+    check_bf16_layers_of_sac_td3_networks,
     check_bf16_td_errors_near_fp32_at_large_q_values,
     check_every_flag_has_a_docstring_shown_by_help,
     check_learns_pendulum,
@@ -306,6 +307,10 @@ def test_twin_bf16_td_errors_at_large_q_values_are_fp32s(monkeypatch):
     module = load_script(TWIN)
     build_ = lambda **overrides: build(module, q_lr=0.0, **overrides)  # noqa: E731
     check_bf16_td_errors_near_fp32_at_large_q_values(build_, OBS_DIM, ACTION_DIM, monkeypatch)
+
+
+def test_twin_bf16_first_and_last_layers_compute_in_fp32():
+    check_bf16_layers_of_sac_td3_networks(load_script(TWIN), "SoftQNetwork", OBS_DIM, ACTION_DIM)
 
 
 def test_twin_built_again_computes_with_its_own_hyperparameters(inductor_fallback_random):
