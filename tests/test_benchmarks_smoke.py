@@ -17,7 +17,7 @@ import sys
 import pytest
 import run_utils
 import torch
-from helpers import REPO_ROOT, describe
+from helpers import REPO_ROOT, describe, run_in_process
 from test_speedup_table import HAND_MADE, write_results
 
 BENCHMARKS = REPO_ROOT / "benchmarks"
@@ -30,7 +30,7 @@ TESTED_ELSEWHERE = {
     "rpc_agent_observer.py": "tests/test_rpc_agent_observer.py (worlds of processes, in a subprocess)",
     "speedup_table.py": "tests/test_speedup_table.py (a subprocess over hand-made results; run.sh --tiny)",
 }
-TESTED_HERE = {"compile_warmup.py", "gpu_check.sh", "micro_benchmark.py", "vector_env_speed.py"}
+TESTED_HERE = {"bf16_gradients.py", "compile_warmup.py", "gpu_check.sh", "micro_benchmark.py", "vector_env_speed.py"}
 NO_COMPILE = {"TORCH_COMPILE_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
@@ -170,6 +170,41 @@ def test_compile_warmup_times_a_twin_three_ways(tmp_path):
     eager, cold, warm, cost_cold, cost_warm = map(float, row[1:])
     assert min(eager, cold, warm) > 0
     assert cost_cold == pytest.approx(cold - eager, abs=0.11) and cost_warm == pytest.approx(warm - eager, abs=0.11)
+
+
+def test_bf16_gradients_of_saved_sac_and_td3_agents(tmp_path):
+    """The tool on checkpoints of tiny runs (SAC's plain script, TD3's twin: a pair's checkpoints are alike): a row
+    per network, bf16's gradient near fp32's and nearer than fp32's on another batch, yet not equal (a bias above 0:
+    bf16 was on); a checkpoint of another algorithm and --batches 1 are refused in one line."""
+    for script in ("sac_continuous_action", "td3_continuous_action_torchcompile"):
+        checkpoint = tmp_path / f"{script}.pt"
+        flags = (
+            "--env-id",
+            "Pendulum-v1",
+            "--learning-starts",
+            "100",
+            "--batch-size",
+            "32",
+            "--total-timesteps",
+            "300",
+        )
+        run_in_process(script, *flags, "--save-model", "--model-path", checkpoint, "--eval-episodes", "0")
+        completed = run_tool("bf16_gradients.py", checkpoint, "--batches", "4", "--out", tmp_path / "table.md")
+        assert completed.returncode == 0, describe(completed)
+        rows = {row[0]: row for row in table_rows((tmp_path / "table.md").read_text(), "(critic|actor)")}
+        assert set(rows) == {"critic", "actor"}, rows
+        for network, (_, cosines, bias, consistency, other) in rows.items():
+            median = float(cosines.split()[0])
+            assert 0.9 < median <= 1.0001 and median > float(other), (script, network, rows[network])
+            assert float(bias) > 0 and 0 <= float(consistency) <= 1.0001, (script, network, rows[network])
+    torch.save({"algo": "dqn", "global_step": 300}, tmp_path / "dqn.pt")
+    for args, message in (
+        ((tmp_path / "dqn.pt",), "is not a checkpoint of SAC or TD3"),
+        ((checkpoint, "--batches", "1"), "--batches must be 2 or more"),
+    ):
+        completed = run_tool("bf16_gradients.py", *args)
+        assert completed.returncode == 2 and message in completed.stderr, describe(completed)
+        assert len(completed.stderr.strip().splitlines()) == 1, describe(completed)
 
 
 def test_vector_env_speed_times_both_kinds():
