@@ -19,6 +19,7 @@ Exit status 1 when fp32's gradient of one batch, computed twice, differs (the co
 import argparse
 import importlib.util
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -52,6 +53,14 @@ def gradients(agent, state, batches, network):
             params = agent.actor.parameters()
         rows.append(torch.cat([param.grad.flatten() for param in params]))
     return torch.stack(rows)
+
+
+def commit():
+    """This checkout's commit, + where leanrl/ has changes not committed: which code's twin was measured."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    changed = subprocess.run([*git, "status", "--porcelain", "leanrl"], capture_output=True, text=True).stdout.strip()
+    return (head or "an unknown commit") + (" + changes" if changed else "")
 
 
 def cosine(a, b):
@@ -115,7 +124,8 @@ def main():
         f"## --bf16 against fp32: the gradients of {algo.upper()}'s twin at step {checkpoint['global_step']:,}",
         "",
         f"Checkpoint: `{args.checkpoint}` ({checkpoint['env_id']}, seed {checkpoint['seed']}); {args.batches} batches "
-        f"of its replay buffer; {machine_text(describe_machine())}, torch {torch.__version__}; both updates eager.",
+        f"of its replay buffer; the twin of leanrl/ at {commit()}; {machine_text(describe_machine())}, torch "
+        f"{torch.__version__}; both updates eager.",
         f"Consistency of an error that averages out over the batches: about {args.batches ** -0.5:.2f}.",
         "",
         "| network | cosine, bf16 against fp32 (median [min, max]) | bias (of the mean gradient) | consistency "
