@@ -17,26 +17,17 @@ Exit status 1 when fp32's gradient of one batch, computed twice, differs (the co
 """
 
 import argparse
-import importlib.util
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
-from speedup_table import describe_machine, fail, machine_text  # benchmarks/ is on the path when this file runs
+from micro_benchmark import load_script  # benchmarks/ is on the path when this file runs
+from speedup_table import describe_machine, fail, machine_text
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "leanrl"))  # the scripts import run_utils from their folder
 TWINS = {"sac": "sac_continuous_action_torchcompile", "td3": "td3_continuous_action_torchcompile"}
-
-
-def load_twin(algo):
-    path = ROOT / "leanrl" / f"{TWINS[algo]}.py"
-    spec = importlib.util.spec_from_file_location(TWINS[algo], path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def gradients(agent, state, batches, network):
@@ -84,7 +75,7 @@ def main():
         fail(f"{args.checkpoint} is not a checkpoint of SAC or TD3 with its replay buffer (algo: {algo})")
 
     torch.set_num_threads(1)
-    module = load_twin(algo)
+    module = load_script(TWINS[algo])
     env = module.make_env(checkpoint["env_id"])
     space, buffer_state = env.action_space, checkpoint["replay_buffer"]
     obs_dim, action_dim = buffer_state["observations"].shape[1], buffer_state["actions"].shape[1]

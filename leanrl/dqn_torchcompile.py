@@ -111,8 +111,7 @@ class QNetwork(nn.Module):
 
 
 class ReplayBuffer:
-    """Transitions as rows of one tensor preallocated on the training device, overwritten oldest first: adding one
-    is a single copy and sampling a batch a single gather (a buffer per field takes five of each)."""
+    """Transitions as rows of one tensor on the device, oldest overwritten first: one copy adds, one gather samples."""
 
     def __init__(self, size, obs_dim, device):
         self.field_sizes = dict(observations=obs_dim, next_observations=obs_dim, actions=1, rewards=1, terminations=1)

@@ -56,17 +56,15 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     cudagraphs: bool = False
     """if toggled, the updates and action selection are captured in CUDA graphs (CUDA only)"""
     bf16: bool = False
-    """if toggled, the networks' hidden layers run in bf16 (autocast) where the device computes bf16 faster than fp32
-    (a CUDA GPU of compute capability 8+, AMX, AMD's AVX512-BF16); heads, weights, losses and optimizer stay fp32"""
+    """if toggled, the hidden layer runs in bf16 where the device computes bf16 faster than fp32; the rest stays fp32"""
 
 
 LOG_EVERY = 100  # iterations (steps of one env) between logs and the non-finite loss check
+CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the calls before run eagerly)
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
 DOMAINS = {"num_envs": ">= 1", "gradient_steps": ">= 1", "buffer_size": ">= 1", "gamma": "[0, 1]", "tau": "[0, 1]",
            "batch_size": ">= 1", "learning_starts": ">= 0", "policy_lr": "> 0", "q_lr": "> 0",
            "policy_frequency": ">= 1", "target_network_frequency": ">= 1", "alpha": ">= 0"}  # fmt: skip
-
-CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the calls before run eagerly)
 
 
 def check_args(args):
@@ -131,8 +129,7 @@ class Actor(nn.Module):
     def get_action(self, x):
         mean, log_std = self(x)
         std = log_std.exp()
-        # No argument checks: they read a tensor on the host, which a CUDA graph cannot capture.
-        normal = torch.distributions.Normal(mean, std, validate_args=False)
+        normal = torch.distributions.Normal(mean, std, validate_args=False)  # its checks read the host (no CUDA graph)
         x_t = normal.rsample()  # reparameterization trick (mean + std * N(0,1))
         y_t = torch.tanh(x_t)
         action = y_t * self.action_scale + self.action_bias
@@ -145,8 +142,7 @@ class Actor(nn.Module):
 
 
 class ReplayBuffer:
-    """Transitions as rows of one tensor preallocated on the training device, overwritten oldest first: adding one
-    is a single copy and sampling a batch a single gather (a buffer per field takes five of each)."""
+    """Transitions as rows of one tensor on the device, oldest overwritten first: one copy adds, one gather samples."""
 
     fields = ("observations", "next_observations", "actions", "rewards", "terminations")
 

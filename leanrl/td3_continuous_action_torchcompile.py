@@ -54,18 +54,16 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
     cudagraphs: bool = False
     """if toggled, the updates and action selection are captured in CUDA graphs (CUDA only)"""
     bf16: bool = False
-    """if toggled, the networks' hidden layers run in bf16 (autocast) where the device computes bf16 faster than fp32
-    (a CUDA GPU of compute capability 8+, AMX, AMD's AVX512-BF16); heads, weights, losses and optimizer stay fp32"""
+    """if toggled, the hidden layer runs in bf16 where the device computes bf16 faster than fp32; the rest stays fp32"""
 
 
 LOG_EVERY = 100  # iterations (steps of one env) between logs and the non-finite loss check
+CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the calls before run eagerly)
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
 DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "gradient_steps": ">= 1", "buffer_size": ">= 1",
            "gamma": "[0, 1]", "tau": "[0, 1]", "batch_size": ">= 1", "policy_noise": ">= 0",
            "exploration_noise": ">= 0", "learning_starts": ">= 0", "policy_frequency": ">= 1",
            "noise_clip": ">= 0"}  # fmt: skip
-
-CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the calls before run eagerly)
 
 
 def check_args(args):
@@ -121,8 +119,7 @@ class Actor(nn.Module):
 
 
 class ReplayBuffer:
-    """Transitions as rows of one tensor preallocated on the training device, overwritten oldest first: adding one
-    is a single copy and sampling a batch a single gather (a buffer per field takes five of each)."""
+    """Transitions as rows of one tensor on the device, oldest overwritten first: one copy adds, one gather samples."""
 
     fields = ("observations", "next_observations", "actions", "rewards", "terminations")
 
