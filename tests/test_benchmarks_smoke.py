@@ -96,9 +96,9 @@ def test_micro_benchmark_times_every_algorithm_and_configuration(tmp_path):
     floors = table_rows(text, r"(sac|td3|ppo_continuous|dqn|ppo_atari) \| cpu \| \d+ \| \d")
     assert [row[0] for row in floors] == [algo for algo, *_ in algos]
     assert all(float(row[3]) > 0 for row in floors), floors  # GFLOP per update, counted
-    # --pieces: SAC's and TD3's critic and actor updates, each next to its own products' floor, below the update's.
+    # --pieces: SAC's and TD3's critic and actor updates, each next to its own products' floor (timings: no order
+    # between them is asserted, a shared machine's noise at one call can put a piece's floor above the update's).
     piece_rows = [row for row in table_rows(text, r"(sac|td3) \| cpu \| (critic|actor) update") if len(row) == 6]
-    update_floor = {row[0]: float(row[4]) for row in floors}
     assert {(algo, piece, config) for algo, _, piece, _, config, _ in piece_rows} == {
         (algo, piece, config)
         for algo, algo_pieces in pieces.items()
@@ -106,7 +106,7 @@ def test_micro_benchmark_times_every_algorithm_and_configuration(tmp_path):
         for config in configs_of(algo)
     }
     for algo, _, piece, floor, _, us in piece_rows:
-        assert 0 < float(floor) < update_floor[algo] and re.fullmatch(r"\d+ \(\d+\.\d\dx\)", us), (algo, piece, us)
+        assert float(floor) > 0 and re.fullmatch(r"\d+ \(\d+\.\d\dx\)", us), (algo, piece, us)
 
 
 def test_micro_benchmark_breaks_an_update_down_by_kind_of_work(tmp_path):
