@@ -52,9 +52,19 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 
 LOG_EVERY = 100  # steps between logs (the sps and return beside the bar, wandb) and the non-finite loss check
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
-DOMAINS = {"learning_rate": "> 0", "buffer_size": ">= 1", "gamma": "[0, 1]", "tau": "[0, 1]",
-           "target_network_frequency": ">= 1", "batch_size": ">= 1", "start_e": "[0, 1]", "end_e": "[0, 1]",
-           "exploration_fraction": "(0, 1]", "learning_starts": ">= 0", "train_frequency": ">= 1"}  # fmt: skip
+DOMAINS = {
+    "learning_rate": "> 0",
+    "buffer_size": ">= 1",
+    "gamma": "[0, 1]",
+    "tau": "[0, 1]",
+    "target_network_frequency": ">= 1",
+    "batch_size": ">= 1",
+    "start_e": "[0, 1]",
+    "end_e": "[0, 1]",
+    "exploration_fraction": "(0, 1]",
+    "learning_starts": ">= 0",
+    "train_frequency": ">= 1",
+}
 EVAL_EPSILON = 0.05  # the evaluation's exploration rate, as in CleanRL's DQN evaluation
 
 
@@ -186,9 +196,6 @@ def build_dqn(obs_dim, n_actions, args, device):
         optimizer.load_state_dict(state["optimizer"])
 
     return SimpleNamespace(
-        qnet=qnet,
-        target_qnet=target_qnet,
-        optimizer=optimizer,
         update=update,
         update_target=update_target,
         greedy_actions=greedy_actions,
@@ -218,9 +225,16 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
     make_eval_env = lambda seed, render_mode: make_env(args.env_id, seed, render_mode)  # noqa: E731
-    run = run_utils.Run(args, script=__file__, algo="dqn", name="DQN", total_steps=args.total_timesteps,
-                        make_eval_env=make_eval_env, schedule="the epsilon decay",
-                        ended_early="before learning_starts + measure_burnin gradient steps")  # fmt: skip
+    run = run_utils.Run(
+        args,
+        script=__file__,
+        algo="dqn",
+        name="DQN",
+        total_steps=args.total_timesteps,
+        make_eval_env=make_eval_env,
+        schedule="the epsilon decay",
+        ended_early="before learning_starts + measure_burnin gradient steps",
+    )
     device = run.device
     start_step = run.checkpoint["global_step"] if run.checkpoint else 0
 
@@ -241,11 +255,11 @@ if __name__ == "__main__":
     obs, _ = env.reset(seed=env_seed)
     episode_return = 0.0
     train_step = max(args.learning_starts, start_step)  # where this process starts training
+    measure_step = train_step + args.measure_burnin * args.train_frequency  # and where the sps clock starts counting
     losses = None  # the last gradient step's, logged every LOG_EVERY steps
     global_step = start_step  # the steps done, as the loop goes
     for step in range(start_step, args.total_timesteps):
-        run.clock(step, train_from=train_step, measure_from=train_step + args.measure_burnin * args.train_frequency,
-                  global_step=global_step)  # fmt: skip
+        run.clock(step, train_from=train_step, measure_from=measure_step, global_step=global_step)
         # Epsilon-greedy: a random action with probability epsilon, else the action of the highest Q value.
         epsilon = epsilon_at(step, args)
         if random.random() < epsilon:
@@ -259,7 +273,7 @@ if __name__ == "__main__":
         replay_buffer.add(obs, next_obs, action, reward, terminated)
         episode_return += float(reward)
         if terminated or truncated:
-            run.episode(episode_return, step, epsilon=epsilon)
+            run.episode(episode_return, step + 1, epsilon=epsilon)
             episode_return = 0.0
             next_obs, _ = env.reset()
         obs = next_obs
@@ -274,9 +288,9 @@ if __name__ == "__main__":
                 run.log(step, losses)
 
         global_step = step + 1
-        if run.stop_signals:
-            break
         if run.checkpoint_due(global_step):
             save_checkpoint()
+        if run.stopping:
+            break
     env.close()
     run.finish(global_step, save_checkpoint, evaluation_policy)

@@ -84,8 +84,6 @@ DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gam
 # (a compile or an evaluation on rank 0 takes well under this).
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 
-CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the calls before run eagerly)
-
 
 def check_args(args, world_size):
     run_utils.check_domains(args, DOMAINS)
@@ -347,18 +345,13 @@ def build_ppo(num_actions, args, device):
         gae = torch.compile(gae)
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
-        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
-        policy = CudaGraphModule(policy, warmup=CUDAGRAPH_WARMUP)
-        value = CudaGraphModule(value, warmup=CUDAGRAPH_WARMUP)
-        gae = CudaGraphModule(gae, warmup=CUDAGRAPH_WARMUP)
-    # The sps clock starts once every graph is recorded: a capture, like a compilation, is not the steady state.
-    graphs = [update, policy, value, gae] if args.cudagraphs else []
-    captured = lambda: all(graph.counter >= CUDAGRAPH_WARMUP for graph in graphs)  # noqa: E731
+        # Recorded at the 5th call: the calls before run on a side stream and compile (a recording cannot).
+        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=5)
+        policy = CudaGraphModule(policy, warmup=5)
+        value = CudaGraphModule(value, warmup=5)
+        gae = CudaGraphModule(gae, warmup=5)
 
     return SimpleNamespace(
-        captured=captured,
-        agent=agent,
-        acting_agent=acting_agent,
         optimizer=optimizer,
         update=update,
         policy=policy,
@@ -406,9 +399,17 @@ if __name__ == "__main__":
     rank_minibatch_size = rank_batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
     make_eval_env = lambda seed, render_mode: run_utils.EvalGame(make_envs(args.env_id, 1, seed))  # noqa: E731
-    run = run_utils.Run(args, script=__file__, algo="ppo_atari", name="PPO Atari",
-                        total_steps=num_iterations * batch_size, make_eval_env=make_eval_env, unit="games",
-                        schedule="the learning-rate anneal" if args.anneal_lr else None, distributed=True)  # fmt: skip
+    run = run_utils.Run(
+        args,
+        script=__file__,
+        algo="ppo_atari",
+        name="PPO Atari",
+        total_steps=num_iterations * batch_size,
+        make_eval_env=make_eval_env,
+        unit="games",
+        schedule="the learning-rate anneal" if args.anneal_lr else None,
+        distributed=True,
+    )
     device = run.device
     start_iteration, start_step = (
         (run.checkpoint["iteration"], run.checkpoint["global_step"]) if run.checkpoint else (0, 0)
@@ -422,8 +423,8 @@ if __name__ == "__main__":
         threads = max(1, cores // local_world_size)
         torch.set_num_threads(threads)
         if rank == 0:
-            print(f"{run.script}: a world of {world_size} process(es) ({backend}), each with {rank_num_envs} envs "
-                  f"and {threads} thread(s)")  # fmt: skip
+            world = f"a world of {world_size} process(es) ({backend})"
+            print(f"{run.script}: {world}, each with {rank_num_envs} envs and {threads} thread(s)")
 
     # Rank r runs the envs r * rank_num_envs ... of a single process, with their seeds (envpool seeds its env i with
     # seed + i): a world of 2 plays the games of a world of 1. A resumed run starts new games, on envs seeded by
@@ -447,8 +448,8 @@ if __name__ == "__main__":
             run_utils.set_rng_state(run.checkpoint["rank_rngs"][rank - 1])
         # Otherwise the run goes on in another world size: the other ranks' generators start afresh from the seed.
         if rank == 0 and saved_world_size != world_size:
-            print(f"{run.script}: the checkpoint was saved by a world of {saved_world_size}, this is a world of "
-                  f"{world_size}: ranks other than 0 draw from freshly seeded generators")  # fmt: skip
+            saved = f"the checkpoint was saved by a world of {saved_world_size}, this is a world of {world_size}"
+            print(f"{run.script}: {saved}: ranks other than 0 draw from freshly seeded generators")
 
     def save_checkpoint():
         """A PPO checkpoint: the step, the iterations done (where the learning-rate schedule goes on) and the agent,
@@ -461,8 +462,14 @@ if __name__ == "__main__":
         for state in rank_rngs:
             state["numpy"][1] = torch.from_numpy(state["numpy"][1])
         if rank == 0:  # "rng": rank 0's, where a single-process script looks for its own
-            run.save_checkpoint(global_step=global_step, iteration=global_step // batch_size, agent=ppo.state_dict(),
-                                rng=rank_rngs[0], world_size=world_size, rank_rngs=rank_rngs[1:])  # fmt: skip
+            run.save_checkpoint(
+                global_step=global_step,
+                iteration=global_step // batch_size,
+                agent=ppo.state_dict(),
+                rng=rank_rngs[0],
+                world_size=world_size,
+                rank_rngs=rank_rngs[1:],
+            )
 
     next_obs, _ = envs.reset()
     # Frames stay uint8 until the network divides them by 255: a quarter of the memory and copies of float32.
@@ -471,9 +478,9 @@ if __name__ == "__main__":
     next_done = torch.zeros(rank_num_envs)
     game_returns = np.zeros(rank_num_envs)  # each env's unclipped score since its game started, over all lives
     global_step = start_step
+    measure_from = start_iteration + 1 + args.measure_burnin  # the first iteration the sps clock counts
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        run.clock(iteration, train_from=start_iteration + 1, measure_from=start_iteration + 1 + args.measure_burnin,
-                  global_step=global_step, ready=ppo.captured())  # fmt: skip
+        run.clock(iteration, train_from=start_iteration + 1, measure_from=measure_from, global_step=global_step)
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             ppo.set_learning_rate(frac * args.learning_rate)
@@ -503,8 +510,8 @@ if __name__ == "__main__":
             next_done = torch.from_numpy(terminations | truncations).float()
 
         # The env's outputs stayed on the host: one host-to-device copy a key per rollout instead of one per step.
-        rollout = TensorDict({key: torch.stack([s[key] for s in steps]) for key in steps[0]},
-                             [args.num_steps, rank_num_envs], device=device)  # fmt: skip
+        stacked = {key: torch.stack([s[key] for s in steps]) for key in steps[0]}
+        rollout = TensorDict(stacked, [args.num_steps, rank_num_envs], device=device)
 
         # A time limit is not a failure: a truncated episode is bootstrapped from the value of its last frame,
         # the observation that follows it. A termination (a lost life) gets no bootstrap.
@@ -535,19 +542,22 @@ if __name__ == "__main__":
             if args.target_kl is not None and losses["approx_kl"] > args.target_kl:
                 break
 
-        # Every rank learns of every rank's finished games and of a signal any rank received: returns are global,
-        # and all ranks stop at the same iteration (a rank that stopped alone would leave the others waiting).
+        # Every rank learns of every rank's finished games, of a signal any rank received and of the writes rank 0
+        # (which writes every output) could not do: returns are global, and all ranks stop at the same iteration (a
+        # rank that stopped alone would leave the others waiting).
         gathered = [None] * world_size
-        dist.all_gather_object(gathered, (rank_returns, run.stop_signals[0] if run.stop_signals else 0))
-        for episode_return in (r for returns_of_rank, _ in gathered for r in returns_of_rank):
+        dist.all_gather_object(gathered, (rank_returns, run.stop_signals[:1], run.failed_writes))
+        for episode_return in (r for returns_of_rank, _, _ in gathered for r in returns_of_rank):
             run.episode(episode_return, global_step)
-        stop_signal = next((signal_of_rank for _, signal_of_rank in gathered if signal_of_rank), 0)
+        stop_signal = next((signals[0] for _, signals, _ in gathered if signals), 0)
         if stop_signal:  # the first signal any rank received: what every rank's Run reports
             run.stop_signals.insert(0, stop_signal)
+        run.failed_writes = run.failed_writes if rank == 0 else gathered[0][2]
+        stop = stop_signal or gathered[0][2]
 
         # Log once per iteration, from the last minibatch.
         run.log(global_step, losses, {"charts/learning_rate": ppo.optimizer.param_groups[0]["lr"]})
-        if stop_signal:
+        if stop:
             break
         if run.checkpoint_due(global_step, batch_size):
             save_checkpoint()

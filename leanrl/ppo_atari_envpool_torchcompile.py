@@ -73,19 +73,27 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 
 
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
-DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "[0, 1]", "gae_lambda": "[0, 1]",
-           "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0", "ent_coef": ">= 0",
-           "vf_coef": ">= 0", "max_grad_norm": "> 0", "target_kl": "> 0"}  # fmt: skip
-
-CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the calls before run eagerly)
+DOMAINS = {
+    "learning_rate": "> 0",
+    "num_envs": ">= 1",
+    "num_steps": ">= 1",
+    "gamma": "[0, 1]",
+    "gae_lambda": "[0, 1]",
+    "num_minibatches": ">= 1",
+    "update_epochs": ">= 1",
+    "clip_coef": "> 0",
+    "ent_coef": ">= 0",
+    "vf_coef": ">= 0",
+    "max_grad_norm": "> 0",
+    "target_kl": "> 0",
+}
 
 
 def check_args(args):
     run_utils.check_domains(args, DOMAINS)
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
-        run_utils.exit_with_error(f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
-                                  f"(num_envs * num_steps = {batch_size})")  # fmt: skip
+        run_utils.exit_with_error(f"--num-minibatches ({args.num_minibatches}) does not divide a batch of {batch_size}")
 
 
 def make_envs(env_id, num_envs, seed):
@@ -306,18 +314,13 @@ def build_ppo(num_actions, args, device):
         gae = torch.compile(gae)
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
-        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
-        policy = CudaGraphModule(policy, warmup=CUDAGRAPH_WARMUP)
-        value = CudaGraphModule(value, warmup=CUDAGRAPH_WARMUP)
-        gae = CudaGraphModule(gae, warmup=CUDAGRAPH_WARMUP)
-    # The sps clock starts once every graph is recorded: a capture, like a compilation, is not the steady state.
-    graphs = [update, policy, value, gae] if args.cudagraphs else []
-    captured = lambda: all(graph.counter >= CUDAGRAPH_WARMUP for graph in graphs)  # noqa: E731
+        # Recorded at the 5th call: the calls before run on a side stream and compile (a recording cannot).
+        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=5)
+        policy = CudaGraphModule(policy, warmup=5)
+        value = CudaGraphModule(value, warmup=5)
+        gae = CudaGraphModule(gae, warmup=5)
 
     return SimpleNamespace(
-        captured=captured,
-        agent=agent,
-        acting_agent=acting_agent,
         optimizer=optimizer,
         update=update,
         policy=policy,
@@ -348,9 +351,16 @@ if __name__ == "__main__":
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
     make_eval_env = lambda seed, render_mode: run_utils.EvalGame(make_envs(args.env_id, 1, seed))  # noqa: E731
-    run = run_utils.Run(args, script=__file__, algo="ppo_atari", name="PPO Atari",
-                        total_steps=num_iterations * batch_size, make_eval_env=make_eval_env, unit="games",
-                        schedule="the learning-rate anneal" if args.anneal_lr else None)  # fmt: skip
+    run = run_utils.Run(
+        args,
+        script=__file__,
+        algo="ppo_atari",
+        name="PPO Atari",
+        total_steps=num_iterations * batch_size,
+        make_eval_env=make_eval_env,
+        unit="games",
+        schedule="the learning-rate anneal" if args.anneal_lr else None,
+    )
     device = run.device
     start_iteration, start_step = (
         (run.checkpoint["iteration"], run.checkpoint["global_step"]) if run.checkpoint else (0, 0)
@@ -374,9 +384,9 @@ if __name__ == "__main__":
     next_done = torch.zeros(args.num_envs)
     game_returns = np.zeros(args.num_envs)  # each env's unclipped score since its game started, over all lives
     global_step = start_step
+    measure_from = start_iteration + 1 + args.measure_burnin  # the first iteration the sps clock counts
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        run.clock(iteration, train_from=start_iteration + 1, measure_from=start_iteration + 1 + args.measure_burnin,
-                  global_step=global_step, ready=ppo.captured())  # fmt: skip
+        run.clock(iteration, train_from=start_iteration + 1, measure_from=measure_from, global_step=global_step)
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             ppo.set_learning_rate(frac * args.learning_rate)
@@ -405,8 +415,8 @@ if __name__ == "__main__":
             next_done = torch.from_numpy(terminations | truncations).float()
 
         # The env's outputs stayed on the host: one host-to-device copy a key per rollout instead of one per step.
-        rollout = TensorDict({key: torch.stack([s[key] for s in steps]) for key in steps[0]},
-                             [args.num_steps, args.num_envs], device=device)  # fmt: skip
+        stacked = {key: torch.stack([s[key] for s in steps]) for key in steps[0]}
+        rollout = TensorDict(stacked, [args.num_steps, args.num_envs], device=device)
 
         # A time limit is not a failure: a truncated episode is bootstrapped from the value of its last frame,
         # the observation that follows it. A termination (a lost life) gets no bootstrap.
@@ -437,9 +447,9 @@ if __name__ == "__main__":
 
         # Log once per iteration, from the last minibatch.
         run.log(global_step, losses, {"charts/learning_rate": ppo.optimizer.param_groups[0]["lr"]})
-        if run.stop_signals:
-            break
         if run.checkpoint_due(global_step, batch_size):
             save_checkpoint()
+        if run.stopping:
+            break
     envs.close()
     run.finish(global_step, save_checkpoint, evaluation_policy)

@@ -67,19 +67,27 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 
 
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
-DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "[0, 1]", "gae_lambda": "[0, 1]",
-           "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0", "ent_coef": ">= 0",
-           "vf_coef": ">= 0", "max_grad_norm": "> 0", "target_kl": "> 0"}  # fmt: skip
-
-CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the calls before run eagerly)
+DOMAINS = {
+    "learning_rate": "> 0",
+    "num_envs": ">= 1",
+    "num_steps": ">= 1",
+    "gamma": "[0, 1]",
+    "gae_lambda": "[0, 1]",
+    "num_minibatches": ">= 1",
+    "update_epochs": ">= 1",
+    "clip_coef": "> 0",
+    "ent_coef": ">= 0",
+    "vf_coef": ">= 0",
+    "max_grad_norm": "> 0",
+    "target_kl": "> 0",
+}
 
 
 def check_args(args):
     run_utils.check_domains(args, DOMAINS)
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
-        run_utils.exit_with_error(f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
-                                  f"(num_envs * num_steps = {batch_size})")  # fmt: skip
+        run_utils.exit_with_error(f"--num-minibatches ({args.num_minibatches}) does not divide a batch of {batch_size}")
 
 
 class RunningMeanStd(gym.wrappers.utils.RunningMeanStd):
@@ -283,12 +291,10 @@ def build_ppo(obs_dim, action_dim, args, device):
         gae = torch.compile(gae, options={**value_guards})
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
-        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
-        policy = CudaGraphModule(policy, warmup=CUDAGRAPH_WARMUP)
-        gae = CudaGraphModule(gae, warmup=CUDAGRAPH_WARMUP)
-    # The sps clock starts once every graph is recorded: a capture, like a compilation, is not the steady state.
-    graphs = [update, policy, gae] if args.cudagraphs else []
-    captured = lambda: all(graph.counter >= CUDAGRAPH_WARMUP for graph in graphs)  # noqa: E731
+        # Recorded at the 5th call: the calls before run on a side stream and compile (a recording cannot).
+        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=5)
+        policy = CudaGraphModule(policy, warmup=5)
+        gae = CudaGraphModule(gae, warmup=5)
 
     # The learning rate lives in the tensor the compiled and captured steps read; checkpoints hold the plain float.
     learning_rate = run_utils.TensorLearningRate(optimizer, args.learning_rate)
@@ -305,9 +311,6 @@ def build_ppo(obs_dim, action_dim, args, device):
         learning_rate.load_optimizer_state(state["optimizer"], fused=True, capturable=args.cudagraphs)
 
     return SimpleNamespace(
-        captured=captured,
-        agent=agent,
-        acting_agent=acting_agent,
         optimizer=optimizer,
         update=update,
         policy=policy,
@@ -383,9 +386,15 @@ if __name__ == "__main__":
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
-    run = run_utils.Run(args, script=__file__, algo="ppo_continuous", name="continuous PPO",
-                        total_steps=num_iterations * batch_size, make_eval_env=make_eval_env,
-                        schedule="the learning-rate anneal" if args.anneal_lr else None)  # fmt: skip
+    run = run_utils.Run(
+        args,
+        script=__file__,
+        algo="ppo_continuous",
+        name="continuous PPO",
+        total_steps=num_iterations * batch_size,
+        make_eval_env=make_eval_env,
+        schedule="the learning-rate anneal" if args.anneal_lr else None,
+    )
     device = run.device
     start_step, start_iteration = (
         (run.checkpoint["global_step"], run.checkpoint["iteration"]) if run.checkpoint else (0, 0)
@@ -409,8 +418,10 @@ if __name__ == "__main__":
     # A continuous PPO checkpoint: the step, the iteration (the learning-rate schedule's position), the agent and
     # each env's normalisation statistics (Run adds the run's state).
     def save_checkpoint():
-        run.save_checkpoint(global_step=global_step, iteration=iterations_done, agent=ppo.state_dict(),
-                            normalization=[normalization_state(env) for env in envs.envs])  # fmt: skip
+        normalization = [normalization_state(env) for env in envs.envs]  # each env's observation and return statistics
+        run.save_checkpoint(
+            global_step=global_step, iteration=iterations_done, agent=ppo.state_dict(), normalization=normalization
+        )
 
     # A resumed run starts new episodes, on envs seeded by the step it resumes at. A run with nothing left to train
     # resets no env: the reset would move the normalisation statistics it saves.
@@ -419,9 +430,9 @@ if __name__ == "__main__":
         next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
     next_done = np.zeros(args.num_envs, dtype=np.float32)
     global_step, iterations_done = start_step, start_iteration  # as the loop goes
+    measure_from = start_iteration + 1 + args.measure_burnin  # the first iteration the sps clock counts
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        run.clock(iteration, train_from=start_iteration + 1, measure_from=start_iteration + 1 + args.measure_burnin,
-                  global_step=global_step, ready=ppo.captured())  # fmt: skip
+        run.clock(iteration, train_from=start_iteration + 1, measure_from=measure_from, global_step=global_step)
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             ppo.set_learning_rate(frac * args.learning_rate)
@@ -476,9 +487,9 @@ if __name__ == "__main__":
         # Log once per iteration, from the last minibatch.
         run.log(global_step, losses, {"charts/learning_rate": ppo.optimizer.param_groups[0]["lr"]})
         iterations_done = iteration
-        if run.stop_signals:
-            break
         if run.checkpoint_due(global_step, batch_size):
             save_checkpoint()
+        if run.stopping:
+            break
     envs.close()
     run.finish(global_step, save_checkpoint, evaluation_policy)

@@ -52,9 +52,19 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 
 
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
-DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "num_minibatches": ">= 1",
-           "update_epochs": ">= 1", "gamma": "[0, 1]", "start_e": "[0, 1]", "end_e": "[0, 1]",
-           "exploration_fraction": "(0, 1]", "max_grad_norm": "> 0", "q_lambda": "[0, 1]"}  # fmt: skip
+DOMAINS = {
+    "learning_rate": "> 0",
+    "num_envs": ">= 1",
+    "num_steps": ">= 1",
+    "num_minibatches": ">= 1",
+    "update_epochs": ">= 1",
+    "gamma": "[0, 1]",
+    "start_e": "[0, 1]",
+    "end_e": "[0, 1]",
+    "exploration_fraction": "(0, 1]",
+    "max_grad_norm": "> 0",
+    "q_lambda": "[0, 1]",
+}
 EVAL_EPSILON = 0.05  # the evaluation's exploration rate: the trained agent's, and CleanRL's DQN evaluation's
 
 
@@ -62,8 +72,7 @@ def check_args(args):
     run_utils.check_domains(args, DOMAINS)
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
-        run_utils.exit_with_error(f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
-                                  f"(num_envs * num_steps = {batch_size})")  # fmt: skip
+        run_utils.exit_with_error(f"--num-minibatches ({args.num_minibatches}) does not divide a batch of {batch_size}")
     if args.end_e > args.start_e:
         run_utils.exit_with_error(f"--end-e ({args.end_e}) is above --start-e ({args.start_e}): epsilon only goes down")
 
@@ -174,9 +183,16 @@ def build_pqn(obs_dim, n_actions, args, device):
         qnet.load_state_dict(state["qnet"])
         optimizer.load_state_dict(state["optimizer"])
 
-    return SimpleNamespace(qnet=qnet, optimizer=optimizer, update=update, policy=policy, value=value, returns=returns,
-                           set_learning_rate=set_learning_rate, state_dict=state_dict,
-                           load_state_dict=load_state_dict)  # fmt: skip
+    return SimpleNamespace(
+        optimizer=optimizer,
+        update=update,
+        policy=policy,
+        value=value,
+        returns=returns,
+        set_learning_rate=set_learning_rate,
+        state_dict=state_dict,
+        load_state_dict=load_state_dict,
+    )
 
 
 def evaluation_policy(checkpoint, env, device):
@@ -204,8 +220,15 @@ if __name__ == "__main__":
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
-    run = run_utils.Run(args, script=__file__, algo="pqn", name="PQN", total_steps=num_iterations * batch_size,
-                        make_eval_env=make_eval_env, schedule=schedule)  # fmt: skip
+    run = run_utils.Run(
+        args,
+        script=__file__,
+        algo="pqn",
+        name="PQN",
+        total_steps=num_iterations * batch_size,
+        make_eval_env=make_eval_env,
+        schedule=schedule,
+    )
     device = run.device
     start_step, start_iteration = (
         (run.checkpoint["global_step"], run.checkpoint["iteration"]) if run.checkpoint else (0, 0)
@@ -238,9 +261,9 @@ if __name__ == "__main__":
     next_obs, _ = envs.reset(seed=args.seed + start_step)
     next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
     global_step, iterations_done = start_step, start_iteration  # as the loop goes
+    measure_from = start_iteration + 1 + args.measure_burnin  # the first iteration the sps clock counts
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        run.clock(iteration, train_from=start_iteration + 1, measure_from=start_iteration + 1 + args.measure_burnin,
-                  global_step=global_step)  # fmt: skip
+        run.clock(iteration, train_from=start_iteration + 1, measure_from=measure_from, global_step=global_step)
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             pqn.set_learning_rate(frac * args.learning_rate)
@@ -274,12 +297,12 @@ if __name__ == "__main__":
                 losses = pqn.update(b_obs[mb_inds], b_actions[mb_inds], b_returns[mb_inds])
 
         # Log once per iteration, from the last minibatch.
-        run.log(global_step, losses, {"charts/learning_rate": pqn.optimizer.param_groups[0]["lr"],
-                                      "charts/epsilon": epsilon})  # fmt: skip
+        charts = {"charts/learning_rate": pqn.optimizer.param_groups[0]["lr"], "charts/epsilon": epsilon}
+        run.log(global_step, losses, charts)
         iterations_done = iteration
-        if run.stop_signals:
-            break
         if run.checkpoint_due(global_step, batch_size):
             save_checkpoint()
+        if run.stopping:
+            break
     envs.close()
     run.finish(global_step, save_checkpoint, evaluation_policy)

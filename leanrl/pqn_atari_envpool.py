@@ -59,9 +59,19 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 
 
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
-DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "num_minibatches": ">= 1",
-           "update_epochs": ">= 1", "gamma": "[0, 1]", "start_e": "[0, 1]", "end_e": "[0, 1]",
-           "exploration_fraction": "(0, 1]", "max_grad_norm": "> 0", "q_lambda": "[0, 1]"}  # fmt: skip
+DOMAINS = {
+    "learning_rate": "> 0",
+    "num_envs": ">= 1",
+    "num_steps": ">= 1",
+    "num_minibatches": ">= 1",
+    "update_epochs": ">= 1",
+    "gamma": "[0, 1]",
+    "start_e": "[0, 1]",
+    "end_e": "[0, 1]",
+    "exploration_fraction": "(0, 1]",
+    "max_grad_norm": "> 0",
+    "q_lambda": "[0, 1]",
+}
 EVAL_EPSILON = 0.05  # the evaluation's exploration rate, as in CleanRL's DQN evaluation (it has none for PQN)
 
 
@@ -69,8 +79,7 @@ def check_args(args):
     run_utils.check_domains(args, DOMAINS)
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
-        run_utils.exit_with_error(f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
-                                  f"(num_envs * num_steps = {batch_size})")  # fmt: skip
+        run_utils.exit_with_error(f"--num-minibatches ({args.num_minibatches}) does not divide a batch of {batch_size}")
     if args.end_e > args.start_e:
         run_utils.exit_with_error(f"--end-e ({args.end_e}) is above --start-e ({args.start_e}): epsilon only goes down")
 
@@ -210,7 +219,6 @@ def build_pqn(num_actions, args, device):
         optimizer.load_state_dict(state["optimizer"])
 
     return SimpleNamespace(
-        qnet=qnet,
         optimizer=optimizer,
         update=update,
         policy=policy,
@@ -245,9 +253,16 @@ if __name__ == "__main__":
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
     make_eval_env = lambda seed, render_mode: run_utils.EvalGame(make_envs(args.env_id, 1, seed))  # noqa: E731
     schedule = "the learning-rate anneal and the epsilon decay" if args.anneal_lr else "the epsilon decay"
-    run = run_utils.Run(args, script=__file__, algo="pqn_atari", name="PQN Atari",
-                        total_steps=num_iterations * batch_size, make_eval_env=make_eval_env, unit="games",
-                        schedule=schedule)  # fmt: skip
+    run = run_utils.Run(
+        args,
+        script=__file__,
+        algo="pqn_atari",
+        name="PQN Atari",
+        total_steps=num_iterations * batch_size,
+        make_eval_env=make_eval_env,
+        unit="games",
+        schedule=schedule,
+    )
     device = run.device
     start_iteration, start_step = (
         (run.checkpoint["iteration"], run.checkpoint["global_step"]) if run.checkpoint else (0, 0)
@@ -277,9 +292,9 @@ if __name__ == "__main__":
     next_done = torch.zeros(args.num_envs, device=device)
     game_returns = np.zeros(args.num_envs)  # each env's unclipped score since its game started, over all lives
     global_step = start_step
+    measure_from = start_iteration + 1 + args.measure_burnin  # the first iteration the sps clock counts
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        run.clock(iteration, train_from=start_iteration + 1, measure_from=start_iteration + 1 + args.measure_burnin,
-                  global_step=global_step)  # fmt: skip
+        run.clock(iteration, train_from=start_iteration + 1, measure_from=measure_from, global_step=global_step)
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             pqn.set_learning_rate(frac * args.learning_rate)
@@ -327,9 +342,9 @@ if __name__ == "__main__":
         # Log once per iteration, from the last minibatch.
         charts = {"charts/learning_rate": pqn.optimizer.param_groups[0]["lr"], "charts/epsilon": epsilon}
         run.log(global_step, losses, charts)
-        if run.stop_signals:
-            break
         if run.checkpoint_due(global_step, batch_size):
             save_checkpoint()
+        if run.stopping:
+            break
     envs.close()
     run.finish(global_step, save_checkpoint, evaluation_policy)

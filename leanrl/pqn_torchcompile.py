@@ -56,19 +56,27 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 
 
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
-DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "num_minibatches": ">= 1",
-           "update_epochs": ">= 1", "gamma": "[0, 1]", "start_e": "[0, 1]", "end_e": "[0, 1]",
-           "exploration_fraction": "(0, 1]", "max_grad_norm": "> 0", "q_lambda": "[0, 1]"}  # fmt: skip
+DOMAINS = {
+    "learning_rate": "> 0",
+    "num_envs": ">= 1",
+    "num_steps": ">= 1",
+    "num_minibatches": ">= 1",
+    "update_epochs": ">= 1",
+    "gamma": "[0, 1]",
+    "start_e": "[0, 1]",
+    "end_e": "[0, 1]",
+    "exploration_fraction": "(0, 1]",
+    "max_grad_norm": "> 0",
+    "q_lambda": "[0, 1]",
+}
 EVAL_EPSILON = 0.05  # the evaluation's exploration rate: the trained agent's, and CleanRL's DQN evaluation's
-CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the calls before run eagerly)
 
 
 def check_args(args):
     run_utils.check_domains(args, DOMAINS)
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
-        run_utils.exit_with_error(f"--num-minibatches ({args.num_minibatches}) does not divide the batch "
-                                  f"(num_envs * num_steps = {batch_size})")  # fmt: skip
+        run_utils.exit_with_error(f"--num-minibatches ({args.num_minibatches}) does not divide a batch of {batch_size}")
     if args.end_e > args.start_e:
         run_utils.exit_with_error(f"--end-e ({args.end_e}) is above --start-e ({args.start_e}): epsilon only goes down")
 
@@ -155,8 +163,9 @@ def build_pqn(obs_dim, n_actions, args, device):
     # lr in a tensor: annealing writes into it instead of changing a Python float the compiled code depends on;
     # foreach: RAdam's step as multi-tensor kernels instead of a loop over parameters (RAdam has no fused kernel);
     # capturable: under a CUDA graph the step counter lives on the device.
-    optimizer = torch.optim.RAdam(qnet.parameters(), lr=torch.tensor(args.learning_rate, device=device),
-                                  foreach=True, capturable=args.cudagraphs)  # fmt: skip
+    optimizer = torch.optim.RAdam(
+        qnet.parameters(), lr=torch.tensor(args.learning_rate, device=device), foreach=True, capturable=args.cudagraphs
+    )
 
     # The loss and its backward pass in one function, so that --compile turns both into a single graph.
     def loss_backward(minibatch):
@@ -207,14 +216,11 @@ def build_pqn(obs_dim, n_actions, args, device):
         returns = torch.compile(returns)
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
-        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
-        policy = CudaGraphModule(policy, warmup=CUDAGRAPH_WARMUP)
-        value = CudaGraphModule(value, warmup=CUDAGRAPH_WARMUP)
-        returns = CudaGraphModule(returns, warmup=CUDAGRAPH_WARMUP)
-    # The sps clock starts once every graph is recorded: a capture, like a compilation, is not the steady state.
-    # value() and returns() run once an iteration: their graphs are recorded in iteration CUDAGRAPH_WARMUP.
-    graphs = [update, policy, value, returns] if args.cudagraphs else []
-    captured = lambda: all(graph.counter >= CUDAGRAPH_WARMUP for graph in graphs)  # noqa: E731
+        # Recorded at the 5th call: the calls before run on a side stream and compile (a recording cannot).
+        update = CudaGraphModule(update, in_keys=[], out_keys=[], warmup=5)
+        policy = CudaGraphModule(policy, warmup=5)
+        value = CudaGraphModule(value, warmup=5)
+        returns = CudaGraphModule(returns, warmup=5)
 
     # The learning rate lives in the tensor the compiled and captured steps read; checkpoints hold the plain float.
     learning_rate = run_utils.TensorLearningRate(optimizer, args.learning_rate)
@@ -230,9 +236,16 @@ def build_pqn(obs_dim, n_actions, args, device):
         qnet.load_state_dict(state["qnet"])  # in place: acting_qnet's views see the loaded parameters
         learning_rate.load_optimizer_state(state["optimizer"], foreach=True, capturable=args.cudagraphs)
 
-    return SimpleNamespace(qnet=qnet, optimizer=optimizer, update=update, policy=policy, value=value, returns=returns,
-                           captured=captured, set_learning_rate=set_learning_rate, state_dict=state_dict,
-                           load_state_dict=load_state_dict)  # fmt: skip
+    return SimpleNamespace(
+        optimizer=optimizer,
+        update=update,
+        policy=policy,
+        value=value,
+        returns=returns,
+        set_learning_rate=set_learning_rate,
+        state_dict=state_dict,
+        load_state_dict=load_state_dict,
+    )
 
 
 def evaluation_policy(checkpoint, env, device):
@@ -260,8 +273,15 @@ if __name__ == "__main__":
     batch_size = args.num_envs * args.num_steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = -(-args.total_timesteps // batch_size)  # whole rollouts: at least total_timesteps steps
-    run = run_utils.Run(args, script=__file__, algo="pqn", name="PQN", total_steps=num_iterations * batch_size,
-                        make_eval_env=make_eval_env, schedule=schedule)  # fmt: skip
+    run = run_utils.Run(
+        args,
+        script=__file__,
+        algo="pqn",
+        name="PQN",
+        total_steps=num_iterations * batch_size,
+        make_eval_env=make_eval_env,
+        schedule=schedule,
+    )
     device = run.device
     start_step, start_iteration = (
         (run.checkpoint["global_step"], run.checkpoint["iteration"]) if run.checkpoint else (0, 0)
@@ -288,9 +308,9 @@ if __name__ == "__main__":
     next_obs = torch.tensor(next_obs, dtype=torch.float32, device=device)
     epsilon_tensor = torch.zeros((), device=device)
     global_step, iterations_done = start_step, start_iteration  # as the loop goes
+    measure_from = start_iteration + 1 + args.measure_burnin  # the first iteration the sps clock counts
     for iteration in range(start_iteration + 1, num_iterations + 1):
-        run.clock(iteration, train_from=start_iteration + 1, measure_from=start_iteration + 1 + args.measure_burnin,
-                  global_step=global_step, ready=pqn.captured())  # fmt: skip
+        run.clock(iteration, train_from=start_iteration + 1, measure_from=measure_from, global_step=global_step)
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             pqn.set_learning_rate(frac * args.learning_rate)
@@ -331,12 +351,12 @@ if __name__ == "__main__":
                 losses = pqn.update(minibatch)
 
         # Log once per iteration, from the last minibatch.
-        run.log(global_step, losses, {"charts/learning_rate": pqn.optimizer.param_groups[0]["lr"],
-                                      "charts/epsilon": epsilon})  # fmt: skip
+        charts = {"charts/learning_rate": pqn.optimizer.param_groups[0]["lr"], "charts/epsilon": epsilon}
+        run.log(global_step, losses, charts)
         iterations_done = iteration
-        if run.stop_signals:
-            break
         if run.checkpoint_due(global_step, batch_size):
             save_checkpoint()
+        if run.stopping:
+            break
     envs.close()
     run.finish(global_step, save_checkpoint, evaluation_policy)

@@ -1,8 +1,8 @@
-# What every leanrl script does the same way, whatever its algorithm: the flags and their checks, the error exit,
-# checkpoints, random-generator state, Ctrl-C and SIGTERM, the progress bar and sps, the results line and summary, the
-# evaluation and its video, and an ensemble's stacked state in the plain layout. The algorithms are in the scripts.
-# RunArgs and Run come first; then what Run uses, in the order it uses it; then what the scripts call themselves.
+# What every leanrl script does the same way, whatever its algorithm; the algorithms are in the scripts. Sections: the
+# flags; a run (Run: checks, device, checkpoints, signals, progress, the end); outputs and their failed writes; random
+# generators; evaluation; devices; what the twins add (optimizer states in the plain layout, compile settings).
 import atexit
+import contextlib
 import importlib.util
 import json
 import os
@@ -19,6 +19,7 @@ import torch
 import tqdm
 
 
+# --- The flags --------------------------------------------------------------------------------------------------------
 @dataclass
 class RunArgs:
     """The flags every script has. A script's Args adds its hyper-parameters and sets exp_name, env_id and
@@ -59,13 +60,49 @@ class RunArgs:
     """episodes of the saved agent's policy on a fresh env after training"""
     capture_video: bool = False
     """with --save-model, record the evaluation episodes as MP4 files in a videos/ folder beside the checkpoint"""
+    episodes_path: str | None = None
+    """if set, write each training episode as a JSON line [step, return, seconds of the run] to this file (a resumed
+    run keeps the lines up to its checkpoint's step)"""
+
+
+# The domains of the numeric flags every script has (a seed: what numpy, torch and the envs all accept).
+RUN_DOMAINS = {"seed": "[0, 2147483647]", "total_timesteps": ">= 1", "measure_burnin": ">= 0",
+               "checkpoint_every": ">= 0", "eval_episodes": ">= 0"}  # fmt: skip
+
+
+def check_domains(args, domains):
+    """Before anything is made: each numeric flag in its domain, or a line and exit 2. None (--target-kl) passes."""
+    for name, domain in {**RUN_DOMAINS, **domains}.items():
+        value = getattr(args, name)
+        if value is not None and not in_domain(value, domain):
+            where = f"in {domain}" if domain[0] in "[(" else domain
+            exit_with_error(f"--{name.replace('_', '-')} must be {where}, got {value}")
+
+
+def in_domain(value, domain):
+    """Whether value lies in the domain "> a", ">= a" or an interval such as "[a, b)"."""
+    low, high, low_closed, high_closed = domain_bounds(domain)
+    return (low <= value if low_closed else low < value) and (value <= high if high_closed else value < high)
+
+
+def domain_bounds(domain):
+    """(low, high, low_closed, high_closed) of a domain."""
+    if domain.startswith(">"):
+        return float(domain.lstrip(">=")), float("inf"), domain.startswith(">="), False
+    low, high = map(float, domain[1:-1].split(","))
+    return low, high, domain[0] == "[", domain[-1] == "]"
+
+
+# --- A run ------------------------------------------------------------------------------------------------------------
+WRITE_FAILED = 74  # the exit status of a run stopped by an output it could not write (sysexits.h's EX_IOERR)
 
 
 class Run:
     """A training run's mechanics around a script's loop. Made before the first step, it checks the flags and outputs,
     loads the checkpoint to resume (run.checkpoint, else None), picks run.device, seeds, and turns Ctrl-C and SIGTERM
-    into run.stop_signals, which end the loop. The loop calls clock(), episode(), log() and checkpoint_due(), then
-    finish(). schedule: what the script computes from --total-timesteps ("the learning-rate anneal"), if anything."""
+    into run.stop_signals. The loop calls clock(), episode(), log() and checkpoint_due(), ends after the step where
+    run.stopping (a signal, or an output that could not be written), then calls finish(). schedule: what the script
+    computes from --total-timesteps ("the learning-rate anneal"), if anything."""
 
     def __init__(self, args, *, script, algo, name, total_steps, make_eval_env, unit="episodes", schedule=None,
                  ended_early="within measure_burnin iterations", distributed=False):  # fmt: skip
@@ -84,18 +121,24 @@ class Run:
         self.model_path = args.model_path or args.resume or default_path
         self.video_folder = os.path.join(os.path.dirname(self.model_path), "videos")
         if self.rank == 0:  # every output the run writes (rank 0 writes them all) is writable before the first step
-            if args.save_model:
-                check_writable(self.model_path, "checkpoint")
-            if args.save_model and args.capture_video:
-                check_writable(os.path.join(self.video_folder, "eval-episode-0.mp4"), "video")
-            if args.results_path:
-                check_writable(args.results_path, "results file")
+            outputs = {"checkpoint": self.model_path if args.save_model else None, "results file": args.results_path,
+                       "video": os.path.join(self.video_folder, "eval-episode-0.mp4") if args.capture_video else None,
+                       "episode record": args.episodes_path}  # fmt: skip
+            for what, path in outputs.items():
+                if path:
+                    check_writable(path, what)
         random.seed(args.seed + self.rank)  # each rank of a distributed run draws its own actions and minibatches
         np.random.seed(args.seed + self.rank)
         torch.manual_seed(args.seed + self.rank)
         torch.backends.cudnn.deterministic = args.torch_deterministic
         self.episode_returns = []
         self.recent_returns = deque(self.checkpoint["recent_returns"] if self.checkpoint else [], maxlen=20)
+        # The checkpoint on disk and its step (a resumed run's, until this run writes its own); the run's seconds
+        # before this sitting (an episode record's clock counts every sitting, not the time between them).
+        self.saved = (args.resume, self.checkpoint["global_step"]) if self.checkpoint else (None, None)
+        self.seconds_before = self.checkpoint.get("run_seconds", 0.0) if self.checkpoint else 0.0
+        self.failed_writes = []  # (what, path, reason) of each output that could not be written
+        self.episodes_file = self.open_episode_record() if args.episodes_path and self.rank == 0 else None
         wandb = importlib.import_module("wandb") if args.track and self.rank == 0 else None
         if wandb:
             wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.exp_name)
@@ -186,13 +229,37 @@ class Run:
                   f"{args.total_timesteps} from here on", file=sys.stderr)  # fmt: skip
         return checkpoint
 
+    def open_episode_record(self):
+        """The --episodes-path file, open to append: a resumed run's keeps the episodes up to its checkpoint's step
+        (a run killed after its checkpoint plays the steps after it again), a new run's starts empty."""
+        path, kept = self.args.episodes_path, []
+        if self.checkpoint and os.path.exists(path):
+            with open(path) as file:
+                for line in file:
+                    with contextlib.suppress(ValueError):  # a line cut by a kill or a full disk ends the record
+                        if json.loads(line)[0] <= self.checkpoint["global_step"]:
+                            kept.append(line)
+        try:
+            write_atomically(path, "".join(kept).encode())
+            return open(path, "a")
+        except OSError as error:
+            exit_with_error(f"cannot write the episode record {path}: {error.strerror or error}")
+
     def on_signal(self, signum, frame):
-        """Ctrl-C or SIGTERM: the run ends after this step. A second Ctrl-C kills it, but under torchrun, which passes
-        Ctrl-C to workers that had it already (and kills them 30 s later). A second SIGTERM changes nothing: a shutdown
-        sends one to every process, and a parent that passes signals on (learning_curves.py) another."""
+        """Ctrl-C or SIGTERM: the run ends after this step. A second signal is the user's "now": the default handler,
+        which kills; but under torchrun, which passes a signal on to workers that may have had it already."""
         self.stop_signals.append(signum)
-        if signum == signal.SIGINT and "RANK" not in os.environ:
+        if "RANK" not in os.environ:
             signal.signal(signum, signal.SIG_DFL)
+
+    @property
+    def stopping(self):
+        """Whether the loop ends after this step: a signal came, or an output could not be written."""
+        return bool(self.stop_signals or self.failed_writes)
+
+    def seconds(self):
+        """The run's wall-clock seconds: this sitting's and the earlier sittings' of a resumed run."""
+        return self.seconds_before + time.perf_counter() - self.start
 
     def clock(self, iteration, *, train_from, measure_from, global_step, ready=True):
         """Atop every iteration, global_step steps done: moves the bar, starts the warm-up (compile) clock at train_from
@@ -213,9 +280,12 @@ class Run:
         self.pbar.update(global_step - self.pbar.n)
 
     def episode(self, episode_return, step, **charts):
-        """A finished episode's return (and charts to log beside it)."""
+        """A finished episode's return, step the env steps done by its end (and charts to log beside it)."""
         self.episode_returns.append(episode_return)
         self.recent_returns.append(episode_return)
+        if self.episodes_file and not self.failed("episode record"):
+            line = json.dumps([step, episode_return, round(self.seconds(), 3)]) + "\n"
+            self.write("episode record", self.args.episodes_path, self.episodes_file.write, line)
         if self.wandb:
             self.wandb.log({"charts/episodic_return": episode_return, **{f"charts/{k}": v for k, v in charts.items()}},
                            step=step)  # fmt: skip
@@ -248,52 +318,102 @@ class Run:
         return bool(crossed) and global_step < self.total_steps
 
     def save_checkpoint(self, **agent):
-        """The script's agent entries with the run's identity, recent returns and RNG state (an agent entry overrides
-        one of the run's), written to a temporary file and renamed: a crash mid-write leaves the last good one."""
+        """The script's agent entries with the run's identity, recent returns, seconds and RNG state (an agent entry
+        overrides one of the run's), written to a temporary file and renamed: a crash mid-write leaves the last good
+        one. The episode record is flushed first, so that it holds every episode the checkpoint counted."""
         checkpoint = {
             "algo": self.algo,
             "env_id": self.args.env_id,
             "seed": self.args.seed,
             "hyperparameters": {name: getattr(self.args, name) for name in self.hyperparameters},
             "total_timesteps": self.args.total_timesteps,
+            "run_seconds": self.seconds(),
             **agent,
         }
         checkpoint.setdefault("recent_returns", list(self.recent_returns))
         checkpoint.setdefault("rng", rng_state())
-        os.makedirs(os.path.dirname(os.path.abspath(self.model_path)), exist_ok=True)
-        torch.save(checkpoint, self.model_path + ".tmp")
-        os.replace(self.model_path + ".tmp", self.model_path)
+        if self.episodes_file and not self.failed("episode record"):
+            self.write("episode record", self.args.episodes_path, self.episodes_file.flush)
+        if self.write("checkpoint", self.model_path, write_atomically, self.model_path, checkpoint):
+            self.saved = (self.model_path, agent["global_step"])
+
+    def write(self, what, path, write, *args):
+        """write(*args); True, or False where it fails (a full disk, a mount gone read-only or away): the run then
+        ends as a signal ends it, after this step, and finish() says in one line what could not be written."""
+        try:
+            write(*args)
+            return True
+        except OSError as error:
+            self.write_failed(what, path, error)
+            return False
+
+    def write_failed(self, what, path, error):
+        self.failed_writes.append((what, path, error.strerror or str(error).splitlines()[0]))
+
+    def failed(self, what):
+        return any(failed == what for failed, _, _ in self.failed_writes)
 
     def finish(self, global_step, save_checkpoint, make_policy):
-        """With --save-model, save_checkpoint() and the evaluation of make_policy(checkpoint, env, device) -> act; then
-        the results line and summary. A signal cuts the training or the evaluation, never a write under way: "cut"
-        and the summary say which, and the exit status is 128 + the signal; a signal that cut nothing exits 0."""
-        args = self.args
+        """The end of a run: with --save-model, save_checkpoint() (unless this step's is written, or a checkpoint
+        failed) and the evaluation of make_policy(checkpoint, env, device) -> act; then the results line and summary.
+        A signal cuts the training or the evaluation, never a write under way; a failed write stops both. "cut", the
+        summary and the exit status say which: 128 + the signal, WRITE_FAILED; 0 when nothing was cut."""
         self.move_bar(global_step)
         self.pbar.close()
         self.update_sps(global_step)
         end = time.perf_counter()
-        eval_return = None
-        evaluates = args.save_model and args.eval_episodes and self.rank == 0
-        if args.save_model:
+        if self.args.save_model and self.saved != (self.model_path, global_step) and not self.failed("checkpoint"):
             save_checkpoint()
-            if evaluates and not self.stop_signals:
-                video_folder = self.video_folder if args.capture_video else None
-                seed = args.seed + EVAL_SEED_OFFSET
-                env = self.make_eval_env(seed, "rgb_array" if video_folder else None)
-                checkpoint = torch.load(self.model_path, map_location="cpu", weights_only=True)
-                act = make_policy(checkpoint, env, self.device)
-                eval_return = evaluate(env, act, args.eval_episodes, seed, video_folder, self.stop_signals)
-        cut = "training" if global_step < self.total_steps else None  # only a signal stops the loop early
-        if not cut and evaluates and eval_return is None:  # evaluate() returns None only when a signal stops it
+        if self.episodes_file and self.failed("episode record"):  # told once
+            with contextlib.suppress(OSError):
+                self.episodes_file.close()
+        elif self.episodes_file:
+            self.write("episode record", self.args.episodes_path, self.episodes_file.close)
+        eval_return = self.evaluate(make_policy) if self.evaluates() and not self.stopping else None
+        cut = "training" if global_step < self.total_steps else None  # only a stop ends the loop early
+        if not cut and self.evaluates() and eval_return is None:  # the evaluation was stopped, or never started
             cut = "evaluation"
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         if self.rank != 0:  # rank 0 alone writes the results and says what was cut
             self.exit(cut)
             sys.exit(0)
-        final_return = float(np.mean(self.recent_returns)) if self.recent_returns else None
-        results = {
+        results = self.results(global_step, end, cut, eval_return)
+        if self.args.results_path:
+            self.write("results line", self.args.results_path, append_line, self.args.results_path, json.dumps(results))
+        if self.wandb:
+            self.wandb.log({"charts/sps": self.sps, "charts/eval_return": eval_return}, step=global_step)
+            self.wandb.finish()
+        print(self.summary(global_step, cut, results))
+        for what, path, reason in self.failed_writes:
+            saved_path, saved_step = self.saved
+            intact = f"the checkpoint of step {saved_step}, {saved_path}" if saved_path else "no checkpoint"
+            print(f"{self.script}: error: cannot write the {what} {path}: {reason}; the run stopped at step "
+                  f"{global_step}; intact: {intact}", file=sys.stderr)  # fmt: skip
+        self.exit(cut)
+
+    def evaluates(self):
+        return bool(self.args.save_model and self.args.eval_episodes and self.rank == 0)
+
+    def evaluate(self, make_policy):
+        """The saved agent's mean return over --eval-episodes on a fresh env (None if a signal or a video's failed
+        write stops it), from the checkpoint on disk: what a user who loads it gets."""
+        video_folder = self.video_folder if self.args.capture_video else None
+        seed = self.args.seed + EVAL_SEED_OFFSET
+        env = self.make_eval_env(seed, "rgb_array" if video_folder else None)
+        checkpoint = torch.load(self.model_path, map_location="cpu", weights_only=True)
+        act = make_policy(checkpoint, env, self.device)
+        try:
+            return evaluate(env, act, self.args.eval_episodes, seed, video_folder, self.stop_signals)
+        except OSError as error:  # evaluate() writes only the videos
+            self.write_failed("video", error.filename, error)
+            return None
+
+    def results(self, global_step, end, cut, eval_return):
+        """The results line: what ran where, how fast, how it ended, and what it returns."""
+        args = self.args
+        failed = [f"cannot write the {what} {path}: {reason}" for what, path, reason in self.failed_writes]
+        return {
             "script": self.script,
             "algo": self.algo + ("_distributed" if self.distributed else ""),
             "env_id": args.env_id,
@@ -307,79 +427,55 @@ class Run:
             "sps": self.sps,
             "compile_seconds": self.compile_seconds,
             "wall_seconds": end - self.start,
-            "final_return": final_return,
+            "final_return": float(np.mean(self.recent_returns)) if self.recent_returns else None,
             "steps_done": global_step,
-            "interrupted": cut is not None,
+            "interrupted": cut is not None or bool(failed),
             "cut": cut,
+            "failed_write": failed[0] if failed else None,
             "eval_return": eval_return,
             "model_path": self.model_path if args.save_model else None,
             **({"world_size": self.world_size} if self.distributed else {}),
         }
-        if args.results_path:
-            with open(args.results_path, "a") as f:
-                f.write(json.dumps(results) + "\n")
-        if self.wandb:
-            self.wandb.log({"charts/sps": self.sps, "charts/eval_return": eval_return}, step=global_step)
-            self.wandb.finish()
-        sps_text = f"{self.sps:.0f} sps (steady state{', all ranks' if self.distributed else ''})" if self.sps else (
+
+    def summary(self, global_step, cut, results):
+        """The run's last line on stdout."""
+        sps, final_return, eval_return = results["sps"], results["final_return"], results["eval_return"]
+        sps_text = f"{sps:.0f} sps (steady state{', all ranks' if self.distributed else ''})" if sps else (
             f"sps not measured (run ended {self.ended_early})")  # fmt: skip
         return_text = f"{final_return:.1f}" if final_return is not None else "n/a (no finished episode)"
         done_text = f"{global_step} steps"
         if cut == "training":
-            done_text = f"interrupted by {self.signal_name()} at step {global_step} of {self.total_steps}"
+            done_text = f"interrupted by {self.cause()} at step {global_step} of {self.total_steps}"
         processes = f" by {self.world_size} process(es)" if self.distributed else ""
-        summary = f"{self.script}: {done_text} on {args.env_id}{processes}, {sps_text}, final return {return_text}"
-        if args.save_model:
-            summary += f"; checkpoint {self.model_path}"
+        summary = f"{self.script}: {done_text} on {self.args.env_id}{processes}, {sps_text}, final return {return_text}"
+        if self.args.save_model:
+            summary += f"; checkpoint {self.saved[0] or 'not written'}"
             if eval_return is not None:
-                summary += f", eval return {eval_return:.1f} over {args.eval_episodes} {self.unit}"
+                summary += f", eval return {eval_return:.1f} over {self.args.eval_episodes} {self.unit}"
             if cut == "evaluation":
-                summary += f", evaluation cut by {self.signal_name()} (--resume the checkpoint to evaluate it)"
-        print(summary)
-        self.exit(cut)
+                summary += f", evaluation cut by {self.cause()}"
+                summary += "" if self.failed_writes else " (--resume the checkpoint to evaluate it)"
+        return summary
 
-    def signal_name(self):
-        return signal.Signals(self.stop_signals[0]).name
+    def cause(self):
+        """What stopped the run: a failed write, else the first signal."""
+        return "a failed write" if self.failed_writes else signal.Signals(self.stop_signals[0]).name
 
     def exit(self, cut):
-        """128 + the signal's number when it cut something; else this process goes on to its end (exit status 0)."""
+        """WRITE_FAILED after a failed write; 128 + the signal's number when a signal cut something; else this process
+        goes on to its end (exit status 0)."""
         # Nothing is left to cut: a signal must not kill the process now, or its exit status would say the run was cut.
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_IGN)
+        if self.failed_writes:
+            sys.exit(WRITE_FAILED)
         if cut:
             sys.exit(128 + self.stop_signals[0])
         if self.stop_signals and self.rank == 0:
-            print(f"{self.script}: {self.signal_name()} received as the run ended: nothing was cut", file=sys.stderr)
+            print(f"{self.script}: {self.cause()} received as the run ended: nothing was cut", file=sys.stderr)
 
 
-# What Run uses, in the order it uses it.
-def world():
-    """This process's rank, the number of processes and those on this machine (torchrun's variables; else 0, 1, 1)."""
-    return tuple(int(os.environ.get(name, default)) for name, default in
-                 (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1)))  # fmt: skip
-
-
-def fast_bf16(device):
-    """Whether the device computes bf16 faster than fp32, so that --bf16 pays: a CUDA GPU of compute capability 8 or
-    more (tensor cores); a CPU with AMX (Intel's, Sapphire Rapids on), or an AMD CPU with AVX512-BF16 (Zen 4 on;
-    measured on a Zen 5). An Intel CPU with AVX512-BF16 and no AMX (measured on a Xeon VM that hides its AMX) computes
-    bf16 natively but no faster, and pays the casts: --bf16 is slower there (docs/speed_cpu.md). Elsewhere bf16 is
-    emulated, 15x slower."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_capability(device)[0] >= 8
-    amd_avx512_bf16 = torch.cpu._is_avx512_bf16_supported() and cpu_vendor() == "AuthenticAMD"
-    return torch.cpu._is_amx_tile_supported() or amd_avx512_bf16
-
-
-def cpu_vendor():
-    """The CPU's maker as it names itself (GenuineIntel, AuthenticAMD), from Linux's /proc/cpuinfo; "" elsewhere."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("vendor_id")), "")
-    except OSError:
-        return ""
-
-
+# --- Outputs ----------------------------------------------------------------------------------------------------------
 def exit_with_error(message):
     """A user's mistake: one line on stderr, exit status 2, no traceback. Under torchrun every rank finds it, rank 0
     says it and torchrun stops the others, which wait (a mistake only another rank sees it says 30 s later)."""
@@ -408,6 +504,40 @@ def check_writable(path, what):
         exit_with_error(f"cannot write the {what} {path}: {error.strerror or error}")
 
 
+def write_atomically(path, content):
+    """content (bytes, or an object for torch.save) to a temporary file renamed over path: a crash or a failed write
+    leaves the file as it was, and no temporary file. Through a Python file, so that a failed write raises the
+    system's error (torch.save to a path raises its own, which does not say why)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # again, if a cleanup removed the folder
+    temp = path + ".tmp"
+    try:
+        with open(temp, "wb") as file:
+            file.write(content) if isinstance(content, bytes) else torch.save(content, file)
+        os.replace(temp, path)
+    except (OSError, RuntimeError) as error:  # torch.save's zip writer may raise its own error over the file's
+        with contextlib.suppress(OSError):
+            os.remove(temp)
+        cause = error
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__context__
+        if cause is None:
+            raise
+        raise cause from None
+
+
+def append_line(path, line):
+    """line at the end of the file at path; a failed write leaves the file as it was, with no half line."""
+    size = os.path.getsize(path) if os.path.exists(path) else None
+    try:
+        with open(path, "a") as file:
+            file.write(line + "\n")
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.truncate(path, size) if size is not None else os.remove(path)
+        raise
+
+
+# --- Random generators ------------------------------------------------------------------------------------------------
 def rng_state():
     """The state of every random generator the run draws from (the envs' are reseeded on resume)."""
     numpy_state = np.random.get_state()
@@ -428,32 +558,42 @@ def set_rng_state(state):
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+# --- Evaluation -------------------------------------------------------------------------------------------------------
 EVAL_SEED_OFFSET = 10_000  # the evaluation env's seed is the run's plus this: episodes the agent never trained on
 
 
 def evaluate(env, act, episodes, seed, video_folder, stop_signals):
     """The mean return of act(obs) -> action over this many episodes, None if a signal stops it first; env and torch
-    seeded with seed (the run's generators left as they were), so it repeats. Video: an MP4 an episode."""
-    if video_folder:
-        os.makedirs(video_folder, exist_ok=True)
-        import imageio  # only runs that record video need it
+    seeded with seed (the run's generators left as they were), so it repeats. Video: an MP4 an episode; a write that
+    fails raises its OSError, naming the file, and leaves no part of it."""
+    import imageio  # only runs that record video need it, and they have it (Run.check_flags)
+
     returns = []
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         obs, _ = env.reset(seed=seed)
         while len(returns) < episodes and not stop_signals:
             episode_return, done, video = 0.0, False, None
-            if video_folder:  # macro_block_size 2: H.264 needs even sides only; the default (16) would resize frames
-                path, fps = f"{video_folder}/eval-episode-{len(returns)}.mp4", env.metadata["render_fps"]
-                video = imageio.get_writer(path, fps=fps, macro_block_size=2)
-            while not done and not stop_signals:
+            path = video_folder and f"{video_folder}/eval-episode-{len(returns)}.mp4"
+            try:
+                if path:  # macro_block_size 2: H.264 needs even sides only; the default (16) would resize frames
+                    os.makedirs(video_folder, exist_ok=True)
+                    video = imageio.get_writer(path, fps=env.metadata["render_fps"], macro_block_size=2)
+                while not done and not stop_signals:
+                    if video:
+                        video.append_data(env.render())
+                    obs, reward, terminated, truncated, info = env.step(act(obs))
+                    episode_return += float(reward)
+                    done = terminated or truncated
                 if video:
-                    video.append_data(env.render())
-                obs, reward, terminated, truncated, info = env.step(act(obs))
-                episode_return += float(reward)
-                done = terminated or truncated
-            if video:
-                video.close()
+                    video.close()
+            except OSError as error:
+                if not path:
+                    raise
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+                error.filename = path
+                raise
             if done:
                 # An env that records its episodes (below a reward normalisation) knows the real return.
                 returns.append(float(info["episode"]["r"]) if "episode" in info else episode_return)
@@ -461,35 +601,6 @@ def evaluate(env, act, episodes, seed, video_folder, stop_signals):
                     obs, _ = env.reset()
     env.close()
     return float(np.mean(returns)) if len(returns) == episodes else None
-
-
-# What the scripts call themselves.
-# The domains of the numeric flags every script has (a seed: what numpy, torch and the envs all accept).
-RUN_DOMAINS = {"seed": "[0, 2147483647]", "total_timesteps": ">= 1", "measure_burnin": ">= 0",
-               "checkpoint_every": ">= 0", "eval_episodes": ">= 0"}  # fmt: skip
-
-
-def check_domains(args, domains):
-    """Before anything is made: each numeric flag in its domain, or a line and exit 2. None (--target-kl) passes."""
-    for name, domain in {**RUN_DOMAINS, **domains}.items():
-        value = getattr(args, name)
-        if value is not None and not in_domain(value, domain):
-            where = f"in {domain}" if domain[0] in "[(" else domain
-            exit_with_error(f"--{name.replace('_', '-')} must be {where}, got {value}")
-
-
-def in_domain(value, domain):
-    """Whether value lies in the domain "> a", ">= a" or an interval such as "[a, b)"."""
-    low, high, low_closed, high_closed = domain_bounds(domain)
-    return (low <= value if low_closed else low < value) and (value <= high if high_closed else value < high)
-
-
-def domain_bounds(domain):
-    """(low, high, low_closed, high_closed) of a domain."""
-    if domain.startswith(">"):
-        return float(domain.lstrip(">=")), float("inf"), domain.startswith(">="), False
-    low, high = map(float, domain[1:-1].split(","))
-    return low, high, domain[0] == "[", domain[-1] == "]"
 
 
 def make_gym_env(env_id, render_mode=None):
@@ -540,6 +651,35 @@ class EvalGame:
         self.envs.close()
 
 
+# --- Devices ----------------------------------------------------------------------------------------------------------
+def world():
+    """This process's rank, the number of processes and those on this machine (torchrun's variables; else 0, 1, 1)."""
+    return tuple(int(os.environ.get(name, default)) for name, default in
+                 (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1)))  # fmt: skip
+
+
+def fast_bf16(device):
+    """Whether the device computes bf16 faster than fp32, so that --bf16 pays: a CUDA GPU of compute capability 8 or
+    more (tensor cores); a CPU with AMX (Intel's, Sapphire Rapids on), or an AMD CPU with AVX512-BF16 (Zen 4 on;
+    measured on a Zen 5). An Intel CPU with AVX512-BF16 and no AMX (measured on a Xeon VM that hides its AMX) computes
+    bf16 natively but no faster, and pays the casts: --bf16 is slower there (docs/speed_cpu.md). Elsewhere bf16 is
+    emulated, 15x slower."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device)[0] >= 8
+    amd_avx512_bf16 = torch.cpu._is_avx512_bf16_supported() and cpu_vendor() == "AuthenticAMD"
+    return torch.cpu._is_amx_tile_supported() or amd_avx512_bf16
+
+
+def cpu_vendor():
+    """The CPU's maker as it names itself (GenuineIntel, AuthenticAMD), from Linux's /proc/cpuinfo; "" elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
+# --- What the twins add -----------------------------------------------------------------------------------------------
 def optimizer_state(optimizer, members=1, **settings):
     """An optimizer's state_dict in the plain script's layout: its settings, and an ensemble's members' own entries."""
     state = optimizer.state_dict()

@@ -60,11 +60,21 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 
 
 LOG_EVERY = 100  # iterations (steps of one env) between logs and the non-finite loss check
-CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the calls before run eagerly)
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
-DOMAINS = {"num_envs": ">= 1", "gradient_steps": ">= 1", "buffer_size": ">= 1", "gamma": "[0, 1]", "tau": "[0, 1]",
-           "batch_size": ">= 1", "learning_starts": ">= 0", "policy_lr": "> 0", "q_lr": "> 0",
-           "policy_frequency": ">= 1", "target_network_frequency": ">= 1", "alpha": ">= 0"}  # fmt: skip
+DOMAINS = {
+    "num_envs": ">= 1",
+    "gradient_steps": ">= 1",
+    "buffer_size": ">= 1",
+    "gamma": "[0, 1]",
+    "tau": "[0, 1]",
+    "batch_size": ">= 1",
+    "learning_starts": ">= 0",
+    "policy_lr": "> 0",
+    "q_lr": "> 0",
+    "policy_frequency": ">= 1",
+    "target_network_frequency": ">= 1",
+    "alpha": ">= 0",
+}
 
 
 def check_args(args):
@@ -72,8 +82,10 @@ def check_args(args):
     if args.batch_size > args.buffer_size:
         run_utils.exit_with_error(f"--batch-size ({args.batch_size}) is larger than --buffer-size ({args.buffer_size})")
     if args.num_envs > args.buffer_size:
-        run_utils.exit_with_error(f"--num-envs ({args.num_envs}) is larger than --buffer-size ({args.buffer_size}): "
-                                  "an iteration's transitions must fit in the buffer")  # fmt: skip
+        run_utils.exit_with_error(
+            f"--num-envs ({args.num_envs}) is larger than --buffer-size ({args.buffer_size}): "
+            "an iteration's transitions must fit in the buffer"
+        )
     if args.autotune and args.alpha == 0:
         run_utils.exit_with_error("--autotune learns log(alpha) from --alpha, which must then be positive")
 
@@ -192,8 +204,7 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
     qnet_params = from_modules(*[SoftQNetwork(obs_dim, action_dim).to(device) for _ in range(2)], as_module=True)
     qnet_params_detached = qnet_params.data  # views without autograd, made once (.data builds a TensorDict per call)
     target_qnet_params = qnet_params_detached.clone()
-    # A shell without storage, filled with either parameter set; moved to "meta" after its initialisation (not built
-    # there as the other twins' shells): its draws keep each seed's run the one tests/num_envs_1_reference.json holds.
+    # A shell without storage (on "meta"), filled with either parameter set when the ensemble is evaluated.
     qnet = SoftQNetwork(obs_dim, action_dim).to("meta")
     # fused: one multi-tensor kernel per step; capturable: under a CUDA graph the step counter lives on the device.
     adam_kwargs = dict(fused=True, capturable=args.cudagraphs)
@@ -283,12 +294,10 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
         policy = torch.compile(policy, options={**value_guards, "cpp_wrapper": on_cpu})
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
-        update_critic = CudaGraphModule(update_critic, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
-        update_actor = CudaGraphModule(update_actor, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
-        policy = CudaGraphModule(policy, warmup=CUDAGRAPH_WARMUP)
-    # The sps clock starts once every graph is recorded: a capture, like a compilation, is not the steady state.
-    graphs = [update_critic, update_actor, policy] if args.cudagraphs else []
-    captured = lambda: all(graph.counter >= CUDAGRAPH_WARMUP for graph in graphs)  # noqa: E731
+        # Recorded at the 5th call: the calls before run on a side stream and compile (a recording cannot).
+        update_critic = CudaGraphModule(update_critic, in_keys=[], out_keys=[], warmup=5)
+        update_actor = CudaGraphModule(update_actor, in_keys=[], out_keys=[], warmup=5)
+        policy = CudaGraphModule(policy, warmup=5)
 
     # Checkpoints hold the plain script's layout: a state_dict per network, the plain optimizers' settings.
     plain_adam = dict(fused=None, capturable=False)
@@ -318,10 +327,6 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
             alpha.copy_(log_alpha.detach().exp())
 
     return SimpleNamespace(
-        captured=captured,
-        actor=actor,
-        qnet_params=qnet_params,
-        target_qnet_params=target_qnet_params,
         log_alpha=log_alpha,
         update_critic=update_critic,
         update_actor=update_actor,
@@ -334,8 +339,9 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
 
 def evaluation_policy(checkpoint, env, device):
     """The saved agent's deterministic policy, for the evaluation: the mean action of a fresh actor."""
-    actor = Actor(env.observation_space.shape[0], env.action_space.shape[0], env.action_space.low,
-                  env.action_space.high).to(device)  # fmt: skip
+    actor = Actor(
+        env.observation_space.shape[0], env.action_space.shape[0], env.action_space.low, env.action_space.high
+    ).to(device)
     actor.load_state_dict(checkpoint["agent"]["actor"])
 
     def act(obs):
@@ -350,8 +356,15 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
     make_eval_env = lambda seed, render_mode: make_env(args.env_id, render_mode)  # noqa: E731
-    run = run_utils.Run(args, script=__file__, algo="sac", name="SAC", total_steps=args.total_timesteps,
-                        make_eval_env=make_eval_env, ended_early="before learning_starts + measure_burnin")  # fmt: skip
+    run = run_utils.Run(
+        args,
+        script=__file__,
+        algo="sac",
+        name="SAC",
+        total_steps=args.total_timesteps,
+        make_eval_env=make_eval_env,
+        ended_early="before learning_starts + measure_burnin",
+    )
     device = run.device
     start_step = run.checkpoint["global_step"] if run.checkpoint else 0
 
@@ -378,10 +391,10 @@ if __name__ == "__main__":
     obs, _ = envs.reset(seed=env_seed)
     current_returns = np.zeros(args.num_envs)  # each env's episode so far
     train_step = max(args.learning_starts, start_step)  # where this process starts training
+    measure_step = train_step + args.measure_burnin * args.num_envs  # and where the sps clock starts counting
     global_step = start_step  # the steps done, as the loop goes
     for step in range(start_step, args.total_timesteps, args.num_envs):
-        run.clock(step, train_from=train_step, measure_from=train_step + args.measure_burnin * args.num_envs,
-                  global_step=global_step, ready=sac.captured())  # fmt: skip
+        run.clock(step, train_from=train_step, measure_from=measure_step, global_step=global_step)
         if step < args.learning_starts:
             actions = envs.action_space.sample()
         else:
@@ -393,7 +406,7 @@ if __name__ == "__main__":
         current_returns += rewards
         for index in np.flatnonzero(terminations | truncations):
             real_next_obs[index] = infos["final_obs"][index]
-            run.episode(float(current_returns[index]), step)
+            run.episode(float(current_returns[index]), step + args.num_envs)
             current_returns[index] = 0.0
         replay_buffer.add(obs, real_next_obs, actions, rewards, terminations)
         obs = next_obs
@@ -414,9 +427,9 @@ if __name__ == "__main__":
                 run.log(step, losses, {"alpha": sac.log_alpha.exp()})
 
         global_step = step + args.num_envs
-        if run.stop_signals:
-            break
         if run.checkpoint_due(global_step, args.num_envs):
             save_checkpoint()
+        if run.stopping:
+            break
     envs.close()
     run.finish(global_step, save_checkpoint, evaluation_policy)

@@ -51,10 +51,20 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 
 LOG_EVERY = 100  # iterations (steps of one env) between logs and the non-finite loss check
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
-DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "gradient_steps": ">= 1", "buffer_size": ">= 1",
-           "gamma": "[0, 1]", "tau": "[0, 1]", "batch_size": ">= 1", "policy_noise": ">= 0",
-           "exploration_noise": ">= 0", "learning_starts": ">= 0", "policy_frequency": ">= 1",
-           "noise_clip": ">= 0"}  # fmt: skip
+DOMAINS = {
+    "learning_rate": "> 0",
+    "num_envs": ">= 1",
+    "gradient_steps": ">= 1",
+    "buffer_size": ">= 1",
+    "gamma": "[0, 1]",
+    "tau": "[0, 1]",
+    "batch_size": ">= 1",
+    "policy_noise": ">= 0",
+    "exploration_noise": ">= 0",
+    "learning_starts": ">= 0",
+    "policy_frequency": ">= 1",
+    "noise_clip": ">= 0",
+}
 
 
 def check_args(args):
@@ -62,8 +72,10 @@ def check_args(args):
     if args.batch_size > args.buffer_size:
         run_utils.exit_with_error(f"--batch-size ({args.batch_size}) is larger than --buffer-size ({args.buffer_size})")
     if args.num_envs > args.buffer_size:
-        run_utils.exit_with_error(f"--num-envs ({args.num_envs}) is larger than --buffer-size ({args.buffer_size}): "
-                                  "an iteration's transitions must fit in the buffer")  # fmt: skip
+        run_utils.exit_with_error(
+            f"--num-envs ({args.num_envs}) is larger than --buffer-size ({args.buffer_size}): "
+            "an iteration's transitions must fit in the buffer"
+        )
 
 
 def make_env(env_id, render_mode=None):
@@ -207,8 +219,9 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
             actions = actions + torch.randn_like(actions) * actor.action_scale * args.exploration_noise
             return actions.clamp(action_low, action_high)
 
-    networks = dict(actor=actor, qf1=qf1, qf2=qf2, target_actor=target_actor, qf1_target=qf1_target,
-                    qf2_target=qf2_target)  # fmt: skip
+    networks = dict(
+        actor=actor, qf1=qf1, qf2=qf2, target_actor=target_actor, qf1_target=qf1_target, qf2_target=qf2_target
+    )
     optimizers = dict(q_optimizer=q_optimizer, actor_optimizer=actor_optimizer)
 
     def state_dict():
@@ -225,9 +238,6 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
             optimizer.load_state_dict(state[name])
 
     return SimpleNamespace(
-        actor=actor,
-        qf1=qf1,
-        qf2=qf2,
         update_critic=update_critic,
         update_actor=update_actor,
         update_targets=update_targets,
@@ -239,8 +249,9 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
 
 def evaluation_policy(checkpoint, env, device):
     """The saved agent's deterministic policy, for the evaluation: a fresh actor's action, no exploration noise."""
-    actor = Actor(env.observation_space.shape[0], env.action_space.shape[0], env.action_space.low,
-                  env.action_space.high).to(device)  # fmt: skip
+    actor = Actor(
+        env.observation_space.shape[0], env.action_space.shape[0], env.action_space.low, env.action_space.high
+    ).to(device)
     actor.load_state_dict(checkpoint["agent"]["actor"])
 
     def act(obs):
@@ -254,8 +265,15 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
     make_eval_env = lambda seed, render_mode: make_env(args.env_id, render_mode)  # noqa: E731
-    run = run_utils.Run(args, script=__file__, algo="td3", name="TD3", total_steps=args.total_timesteps,
-                        make_eval_env=make_eval_env, ended_early="before learning_starts + measure_burnin")  # fmt: skip
+    run = run_utils.Run(
+        args,
+        script=__file__,
+        algo="td3",
+        name="TD3",
+        total_steps=args.total_timesteps,
+        make_eval_env=make_eval_env,
+        ended_early="before learning_starts + measure_burnin",
+    )
     device = run.device
     start_step = run.checkpoint["global_step"] if run.checkpoint else 0
 
@@ -282,10 +300,10 @@ if __name__ == "__main__":
     obs, _ = envs.reset(seed=env_seed)
     current_returns = np.zeros(args.num_envs)  # each env's episode so far
     train_step = max(args.learning_starts, start_step)  # where this process starts training
+    measure_step = train_step + args.measure_burnin * args.num_envs  # and where the sps clock starts counting
     global_step = start_step  # the steps done, as the loop goes
     for step in range(start_step, args.total_timesteps, args.num_envs):
-        run.clock(step, train_from=train_step, measure_from=train_step + args.measure_burnin * args.num_envs,
-                  global_step=global_step)  # fmt: skip
+        run.clock(step, train_from=train_step, measure_from=measure_step, global_step=global_step)
         if step < args.learning_starts:
             actions = envs.action_space.sample()
         else:
@@ -297,7 +315,7 @@ if __name__ == "__main__":
         current_returns += rewards
         for index in np.flatnonzero(terminations | truncations):
             real_next_obs[index] = infos["final_obs"][index]
-            run.episode(float(current_returns[index]), step)
+            run.episode(float(current_returns[index]), step + args.num_envs)
             current_returns[index] = 0.0
         replay_buffer.add(obs, real_next_obs, actions, rewards, terminations)
         obs = next_obs
@@ -316,9 +334,9 @@ if __name__ == "__main__":
                 run.log(step, losses)
 
         global_step = step + args.num_envs
-        if run.stop_signals:
-            break
         if run.checkpoint_due(global_step, args.num_envs):
             save_checkpoint()
+        if run.stopping:
+            break
     envs.close()
     run.finish(global_step, save_checkpoint, evaluation_policy)

@@ -58,12 +58,21 @@ class Args(run_utils.RunArgs):  # RunArgs: the flags every script has (seed, cud
 
 
 LOG_EVERY = 100  # iterations (steps of one env) between logs and the non-finite loss check
-CUDAGRAPH_WARMUP = 5  # a CudaGraphModule's call that records its graph (the calls before run eagerly)
 # Each numeric hyper-parameter's domain, checked before the first step (run_utils.RUN_DOMAINS: the other flags').
-DOMAINS = {"learning_rate": "> 0", "num_envs": ">= 1", "gradient_steps": ">= 1", "buffer_size": ">= 1",
-           "gamma": "[0, 1]", "tau": "[0, 1]", "batch_size": ">= 1", "policy_noise": ">= 0",
-           "exploration_noise": ">= 0", "learning_starts": ">= 0", "policy_frequency": ">= 1",
-           "noise_clip": ">= 0"}  # fmt: skip
+DOMAINS = {
+    "learning_rate": "> 0",
+    "num_envs": ">= 1",
+    "gradient_steps": ">= 1",
+    "buffer_size": ">= 1",
+    "gamma": "[0, 1]",
+    "tau": "[0, 1]",
+    "batch_size": ">= 1",
+    "policy_noise": ">= 0",
+    "exploration_noise": ">= 0",
+    "learning_starts": ">= 0",
+    "policy_frequency": ">= 1",
+    "noise_clip": ">= 0",
+}
 
 
 def check_args(args):
@@ -71,8 +80,10 @@ def check_args(args):
     if args.batch_size > args.buffer_size:
         run_utils.exit_with_error(f"--batch-size ({args.batch_size}) is larger than --buffer-size ({args.buffer_size})")
     if args.num_envs > args.buffer_size:
-        run_utils.exit_with_error(f"--num-envs ({args.num_envs}) is larger than --buffer-size ({args.buffer_size}): "
-                                  "an iteration's transitions must fit in the buffer")  # fmt: skip
+        run_utils.exit_with_error(
+            f"--num-envs ({args.num_envs}) is larger than --buffer-size ({args.buffer_size}): "
+            "an iteration's transitions must fit in the buffer"
+        )
 
 
 def make_env(env_id, render_mode=None):
@@ -167,9 +178,7 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
     actor = Actor(obs_dim, action_dim, action_low, action_high).to(device)
     # Both Q networks as one ensemble: stacked parameters, evaluated by one vmapped call instead of two.
     qnet_params = from_modules(*[QNetwork(obs_dim, action_dim).to(device) for _ in range(2)], as_module=True)
-    # Shells without storage (this one filled with any Q parameter set, the target actor's below), moved to "meta" after
-    # their initialisation, not built there as the other twins' shells: their draws keep each seed's run the one
-    # tests/num_envs_1_reference.json holds.
+    # Shells without storage (on "meta"): this one filled with any Q parameter set, the target actor's below.
     qnet = QNetwork(obs_dim, action_dim).to("meta")
     qnet_params_detached = qnet_params.data  # views without autograd, made once (.data builds a TensorDict per call)
     qf1_params = qnet_params_detached[0]  # Q1's, the network that scores the actor
@@ -262,12 +271,10 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
         policy = torch.compile(policy, options={**value_guards, "cpp_wrapper": on_cpu, "fallback_random": on_cpu})
     if args.cudagraphs:
         # A CUDA graph replays all kernels of a call, optimizer step included, with one launch.
-        update_critic = CudaGraphModule(update_critic, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
-        update_actor = CudaGraphModule(update_actor, in_keys=[], out_keys=[], warmup=CUDAGRAPH_WARMUP)
-        policy = CudaGraphModule(policy, warmup=CUDAGRAPH_WARMUP)
-    # The sps clock starts once every graph is recorded: a capture, like a compilation, is not the steady state.
-    graphs = [update_critic, update_actor, policy] if args.cudagraphs else []
-    captured = lambda: all(graph.counter >= CUDAGRAPH_WARMUP for graph in graphs)  # noqa: E731
+        # Recorded at the 5th call: the calls before run on a side stream and compile (a recording cannot).
+        update_critic = CudaGraphModule(update_critic, in_keys=[], out_keys=[], warmup=5)
+        update_actor = CudaGraphModule(update_actor, in_keys=[], out_keys=[], warmup=5)
+        policy = CudaGraphModule(policy, warmup=5)
 
     # Checkpoints hold the plain script's layout: a state_dict per network, optimizer state per parameter of each Q
     # network, and the plain optimizers' settings (the twin's fused and capturable are its own).
@@ -294,11 +301,6 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
         run_utils.load_optimizer_state(actor_optimizer, state["actor_optimizer"], **adam_kwargs)
 
     return SimpleNamespace(
-        captured=captured,
-        actor=actor,
-        qnet_params=qnet_params,
-        target_qnet_params=target_qnet_params,
-        target_actor_params=target_actor_params,
         update_critic=update_critic,
         update_actor=update_actor,
         update_targets=update_targets,
@@ -310,8 +312,9 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
 
 def evaluation_policy(checkpoint, env, device):
     """The saved agent's deterministic policy, for the evaluation: a fresh actor's action, no exploration noise."""
-    actor = Actor(env.observation_space.shape[0], env.action_space.shape[0], env.action_space.low,
-                  env.action_space.high).to(device)  # fmt: skip
+    actor = Actor(
+        env.observation_space.shape[0], env.action_space.shape[0], env.action_space.low, env.action_space.high
+    ).to(device)
     actor.load_state_dict(checkpoint["agent"]["actor"])
 
     def act(obs):
@@ -325,8 +328,15 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
     make_eval_env = lambda seed, render_mode: make_env(args.env_id, render_mode)  # noqa: E731
-    run = run_utils.Run(args, script=__file__, algo="td3", name="TD3", total_steps=args.total_timesteps,
-                        make_eval_env=make_eval_env, ended_early="before learning_starts + measure_burnin")  # fmt: skip
+    run = run_utils.Run(
+        args,
+        script=__file__,
+        algo="td3",
+        name="TD3",
+        total_steps=args.total_timesteps,
+        make_eval_env=make_eval_env,
+        ended_early="before learning_starts + measure_burnin",
+    )
     device = run.device
     start_step = run.checkpoint["global_step"] if run.checkpoint else 0
 
@@ -353,10 +363,10 @@ if __name__ == "__main__":
     obs, _ = envs.reset(seed=env_seed)
     current_returns = np.zeros(args.num_envs)  # each env's episode so far
     train_step = max(args.learning_starts, start_step)  # where this process starts training
+    measure_step = train_step + args.measure_burnin * args.num_envs  # and where the sps clock starts counting
     global_step = start_step  # the steps done, as the loop goes
     for step in range(start_step, args.total_timesteps, args.num_envs):
-        run.clock(step, train_from=train_step, measure_from=train_step + args.measure_burnin * args.num_envs,
-                  global_step=global_step, ready=td3.captured())  # fmt: skip
+        run.clock(step, train_from=train_step, measure_from=measure_step, global_step=global_step)
         if step < args.learning_starts:
             actions = envs.action_space.sample()
         else:
@@ -368,7 +378,7 @@ if __name__ == "__main__":
         current_returns += rewards
         for index in np.flatnonzero(terminations | truncations):
             real_next_obs[index] = infos["final_obs"][index]
-            run.episode(float(current_returns[index]), step)
+            run.episode(float(current_returns[index]), step + args.num_envs)
             current_returns[index] = 0.0
         replay_buffer.add(obs, real_next_obs, actions, rewards, terminations)
         obs = next_obs
@@ -387,9 +397,9 @@ if __name__ == "__main__":
                 run.log(step, losses)
 
         global_step = step + args.num_envs
-        if run.stop_signals:
-            break
         if run.checkpoint_due(global_step, args.num_envs):
             save_checkpoint()
+        if run.stopping:
+            break
     envs.close()
     run.finish(global_step, save_checkpoint, evaluation_policy)

@@ -745,7 +745,8 @@ def check_resume_continues_the_run(name, flags, tmp_path, saved_checkpoints, ste
         run_in_process(name, *common, "--total-timesteps", steps, "--model-path", tmp_path / "short.pt")
         short = saved_checkpoints[2]
         assert (short["total_timesteps"], mid["total_timesteps"]) == (steps, 2 * steps)  # each run's own budget
-        assert_same_state({**short, "total_timesteps": 2 * steps}, mid)
+        # Each run's own budget and clock.
+        assert_same_state({**short, "total_timesteps": 2 * steps, "run_seconds": mid["run_seconds"]}, mid)
     torch.save(mid, tmp_path / "mid.pt")
     run_in_process(name, *common, "--total-timesteps", 2 * steps, "--resume", tmp_path / "mid.pt",
                    "--model-path", tmp_path / "resumed.pt")  # fmt: skip
@@ -779,9 +780,10 @@ def check_checkpoints_load_across_the_pair(plain, twin, flags, tmp_path):
         assert is_number(saved["eval_return"]), saved
         assert evaluated["eval_return"] == saved["eval_return"], f"{target} evaluating {source}'s checkpoint"
         assert evaluated["steps_done"] == saved["steps_done"], "a finished run resumed trains nothing"
-        assert_same_state(
-            load_checkpoint(tmp_path / f"{target}_from_{source}.pt"), load_checkpoint(tmp_path / f"{source}.pt")
-        )
+        source_checkpoint = load_checkpoint(tmp_path / f"{source}.pt")
+        resaved = load_checkpoint(tmp_path / f"{target}_from_{source}.pt")
+        assert resaved.pop("run_seconds") > source_checkpoint.pop("run_seconds"), "the run's clock goes on"
+        assert_same_state(resaved, source_checkpoint)
 
 
 def check_bad_checkpoints_are_refused(name, flags, checkpoint, other_algo_checkpoint, changed_flag, tmp_path, capsys):

@@ -53,6 +53,7 @@ def test_old_checkpoint_resumes_and_evaluates(name, tmp_path, capsys):
     # Hyper-parameters added since (SAC's and TD3's num_envs and gradient_steps) are saved at their defaults: the
     # settings of the old runs. The old checkpoint resumed without them (above) stands for a run made with them.
     assert saved.pop("total_timesteps") == meta["global_step"], "a checkpoint records its run's budget"
+    assert saved.pop("run_seconds") > 0, "and its seconds (an old one's run counted from this sitting)"
     budget = old_checkpoint.pop("total_timesteps", None)  # recorded by checkpoints written since (PQN's)
     defaults = load_script(name).Args()
     added = saved["hyperparameters"].keys() - old_checkpoint["hyperparameters"].keys()

@@ -161,19 +161,21 @@ def test_rng_state_round_trip():
     assert (random.random(), np.random.rand(), torch.rand(1)) == expected
 
 
-def test_a_second_ctrl_c_kills_the_run_and_a_second_sigterm_does_not():
-    """A run ends after the step in which it got Ctrl-C or SIGTERM. A second Ctrl-C is the user's "now": the default
-    handler, which kills. A second SIGTERM is a shutdown's, or the one a batch passes on (learning_curves.py): still
-    the run's own handler, so that the run ends its way and writes its checkpoint."""
+@pytest.mark.parametrize("under_torchrun", [False, True])
+def test_a_second_signal_kills_the_run_but_under_torchrun(under_torchrun, monkeypatch):
+    """A run ends after the step in which it got Ctrl-C or SIGTERM. A second signal is the user's "now": the default
+    handler, which kills; but under torchrun, which passes a signal on to workers that may have had it already."""
+    if under_torchrun:
+        monkeypatch.setenv("RANK", "0")
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     run = types.SimpleNamespace(stop_signals=[])
     try:
-        for signum in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, functools.partial(run_utils.Run.on_signal, run))
             run_utils.Run.on_signal(run, signum, None)
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_DFL
-        assert isinstance(signal.getsignal(signal.SIGTERM), functools.partial), "the run's handler, still"
-        assert run.stop_signals == [signal.SIGTERM, signal.SIGTERM, signal.SIGINT]
+            handler = signal.getsignal(signum)
+            assert isinstance(handler, functools.partial) if under_torchrun else handler is signal.SIG_DFL
+        assert run.stop_signals == [signal.SIGTERM, signal.SIGINT]
     finally:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
