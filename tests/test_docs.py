@@ -1,10 +1,14 @@
-"""Tests of the documentation: a figure lives once, beside its results file, and the pages that quote it quote it as
-that file says; every relative link leads somewhere.
+"""Tests of the documentation: a figure lives once, beside its results or curve file, and the pages that quote it quote
+it as that file says; every relative link leads somewhere.
 
 - The speed tables of README.md and speed_cpu.md are what `benchmarks/speedup_table.py` makes of the results files
-  their section links to (the newest of them for a row that several hold).
+  their section links to (the newest of them for a row that several hold), and the README's headline speed-ups are the
+  range of its two tables.
 - The peer ratios of README.md and speed_cpu.md are those of `benchmarks/peers.py`'s table (`peers/*.md`) each cites,
   and that table's ratio is the one of the runs recorded beside it (`peers/*.jsonl`); each pair is quoted once.
+- The learning figures: no two curve tables (docs/curves/*.md) give the same command at the same step over the same
+  window two figures, and each figure of the README's learning table is in the curve table its row links to (same
+  env, step, script, window and seeds).
 - Every relative link of README.md and docs/**/*.md points to a file or folder that exists, and its #anchor to a
   heading of that page (GitHub's slugs).
 - A count the README gives of a page (the lessons of tips.md) is the page's.
@@ -206,6 +210,37 @@ def test_speed_table_check_catches_a_changed_cell_and_a_missing_row(tmp_path, sp
     assert speed_table_problems(page, "CPU, 2 cores", speedup_tables) == []
 
 
+SPEED_UP_RANGE = re.compile(r"(\d+\.\d+)x to (\d+\.\d+)x")
+
+
+def headline_problems(text):
+    """How the README's headline ranges of speed-ups (its first prose, before the first section: the CPU range, then the
+    GPU range) differ from the lowest and highest speed-up of its CPU and GPU tables."""
+    intro = " ".join(text.split("\n## ", 1)[0].split())
+    stated = SPEED_UP_RANGE.findall(intro)
+    if len(stated) != 2:
+        return [f"the headline gives {len(stated)} ranges of speed-ups, not a CPU one and a GPU one: {stated}"]
+    problems = []
+    for title, (low, high) in zip(("CPU, 2 cores", "GPU, one H100"), stated, strict=True):
+        (header, rows), *_ = tables(section(text, title))
+        ups = [float(row[header.index("speed-up")].split("x")[0]) for row in rows]
+        if (low, high) != (f"{min(ups):.2f}", f"{max(ups):.2f}"):
+            table = f"{min(ups):.2f}x to {max(ups):.2f}x"
+            problems.append(f"headline {low}x to {high}x, the table under {title!r}: {table}")
+    return problems
+
+
+def test_readme_headline_speed_ups_are_its_tables_range():
+    assert headline_problems(README.read_text()) == []
+
+
+def test_headline_check_catches_another_range():
+    text = README.read_text()
+    (low, high), *_ = SPEED_UP_RANGE.findall(" ".join(text.split("\n## ", 1)[0].split()))
+    assert headline_problems(text.replace(f"{low}x to", f"{float(low) - 0.01:.2f}x to", 1))
+    assert headline_problems(text.replace(f"{low}x to {high}x", f"{low}x", 1))
+
+
 # --- The peer ratios: peers.py's tables, and the runs beside them -------------------------------------------------
 
 PEER_NAMES = {"TD3": "td3", "DQN": "dqn", "PPO Atari": "ppo_atari", "PPO continuous": "ppo_continuous", "SAC": "sac"}
@@ -288,6 +323,165 @@ def test_peer_ratio_check_catches_another_value_and_a_second_one():
     end = text.index(")),", text.index("Beside their peers")) + 2  # after the first quote's link
     quotes, every_ratio = readme_peer_quotes(text[:end] + " (1.30x before)" + text[end:])
     assert len(every_ratio) == len(quotes) + 1
+
+
+# --- The learning figures: one figure per command and step, and the README's are the curve tables' ------------------
+
+CURVES = DOCS / "curves"
+PANEL = re.compile(r"^## (\S+) on (\S+)$")
+FIGURE = re.compile(r"(-?\d+\.\d+)(?: ± (\d+\.\d+))?")
+SCALE = {"k": 1_000, "M": 1_000_000}
+
+
+def in_progress(text):
+    """Whether a curve table draws a run in progress (a `*_partial` folder, docs/curves/runs_in_progress.md): it is
+    drawn again, and checked, once that run has finished."""
+    return "_partial " in text or "_partial`" in text
+
+
+def learning_rows(text):
+    """[(env, {column: cell})] of the learning tables of a curve table: those with a run and ours at a step."""
+    found, env = [], None
+    lines = prose_lines(text)
+    for index, line in enumerate(lines):
+        if match := PANEL.match(line):
+            env = match.group(2)
+        elif line.startswith("|") and (index == 0 or not lines[index - 1].startswith("|")):
+            (header, rows), *_ = tables(lines[index:]) or [([], [])]
+            if {"step", "run", "ours", "per seed", "ours averages"} <= set(header):
+                found += [(env, dict(zip(header, row, strict=True))) for row in rows]
+    return found
+
+
+def step_of(cell):
+    """A table's step cell ("2,000,000 (end)") as a number."""
+    return int(cell.split()[0].replace(",", ""))
+
+
+def curve_conflicts(paths):
+    """'command at step over window: figures' wherever two curve tables (or one) give the same command (the `run`
+    column) at the same step over the same window two figures."""
+    figures = {}
+    for path in paths:
+        text = path.read_text()
+        if in_progress(text):
+            continue
+        for _, row in learning_rows(text):
+            if not row["ours"].startswith("not reached"):
+                key = (row["run"], step_of(row["step"]), row["ours averages"])
+                figures.setdefault(key, {}).setdefault(row["ours"], []).append(path.name)
+    return [
+        f"{run} at {step} over the {window}: {found}"
+        for (run, step, window), found in figures.items()
+        if len(found) > 1
+    ]
+
+
+def test_one_command_at_one_step_has_one_figure():
+    assert curve_conflicts(sorted(CURVES.glob("*.md"))) == []
+
+
+def curve_table(rows):
+    """A made-up curve table of one panel (sac on HalfCheetah-v5): rows of (step, run, ours, per seed, window)."""
+    header = "| step | run | ours | per seed | ours averages |"
+    lines = ["## sac on HalfCheetah-v5", "", header, "|---|---|---|---|---|"]
+    lines += [f"| {step} | `{run}` | {ours} | {seeds} | {window} |" for step, run, ours, seeds, window in rows]
+    return "\n".join(lines) + "\n"
+
+
+def test_conflict_check_catches_two_figures_of_one_command(tmp_path):
+    run = "sac_continuous_action_torchcompile.py --compile --total-timesteps 300000"
+    first, second = tmp_path / "a.md", tmp_path / "b.md"
+    today = ("300,000", run, "9377.7 ± 225.4", "1: 9562.6, 2: 9192.8", "last 20 episodes")
+    other = ("300,000 (end)", run, "8696.5 ± 936.2", "1: 7760.3, 2: 9632.7", "last 20 episodes")
+    first.write_text(curve_table([today]))
+    second.write_text(curve_table([other]))
+    assert len(curve_conflicts([first, second])) == 1
+    second.write_text(curve_table([today]))
+    assert curve_conflicts([first, second]) == []  # the same figure twice is one figure
+    second.write_text(curve_table([(*other[:4], "last 100 episodes")]))
+    assert curve_conflicts([first, second]) == []  # another window, another measure
+    second.write_text(curve_table([other]) + "`docs/curves/pqn_atari_partial`\n")
+    assert curve_conflicts([first, second]) == []  # a run in progress: checked once drawn again
+
+
+def readme_learning_problems(text, root):
+    """(problems, figures checked) of the README's learning table: each figure of its twin and plain columns is a row of
+    the curve table the row links to (paths relative to root), in the panel of its env, at its budget, of a twin
+    (`_torchcompile`, no `--bf16`) or plain run, over the last 100 episodes beside a CleanRL figure at that step and the
+    last 20 elsewhere, with the seeds it names; its random policy's score is the table's."""
+    (header, rows), *_ = tables(section(text, "Learning"))
+    columns = {name: next(i for i, title in enumerate(header) if title.startswith(name)) for name in ("twin", "plain")}
+    published = next(i for i, title in enumerate(header) if title.startswith("published"))
+    problems, checked = [], 0
+    for row in rows:
+        target = next(target for target in links([row[-1]]) if target.endswith(".md"))
+        table = (root / target).read_text()
+        if in_progress(table):
+            continue
+        env, count, unit = re.fullmatch(r"(\S+), (\d+)([kM])", row[1]).groups()
+        budget = int(count) * SCALE[unit]
+        cleanrl = re.search(r"CleanRL -?\d+\.\d+ ± \d+\.\d+(?!\d| at )", row[published])
+        window = "last 100 episodes" if cleanrl else "last 20 episodes"
+        for kind, column in columns.items():
+            cell = row[column]
+            for score in re.findall(r"random policy: (\d+\.\d+)", cell):
+                checked += 1
+                if f"A uniformly random policy scores {score} over" not in table:
+                    problems.append(f"{row[0]}, {row[1]}: a random policy's {score} is not {target}'s")
+            cell = re.sub(r"random policy: \d+\.\d+", "", cell)
+            seeds = re.search(r"\((\d+) seeds|\(seed (\d+)", cell)
+            for mean, spread in FIGURE.findall(cell):
+                checked += 1
+                figure = f"{mean} ± {spread}" if spread else mean
+                found = [
+                    found
+                    for found_env, found in learning_rows(table)
+                    if found_env == env
+                    and step_of(found["step"]) == budget
+                    and ("_torchcompile" in found["run"]) == (kind == "twin")
+                    and "--bf16" not in found["run"]
+                    and found["ours"] == figure
+                ]
+                where = f"{row[0]}, {row[1]}, {kind} {figure}"
+                if not found:
+                    problems.append(f"{where}: no such figure in {target}")
+                    continue
+                if found[0]["ours averages"] != window:
+                    problems.append(f"{where}: {target} averages the {found[0]['ours averages']}, not the {window}")
+                per_seed = [entry.split(":")[0] for entry in found[0]["per seed"].split(", ")]
+                count, seed = seeds.groups() if seeds else (None, None)
+                if count and int(count) != len(per_seed) or seed and per_seed != [seed]:
+                    problems.append(f"{where}: {seeds.group(0)}) in the README, seeds {per_seed} in {target}")
+    return problems, checked
+
+
+def test_readme_learning_figures_are_the_curve_tables_it_links_to():
+    problems, checked = readme_learning_problems(README.read_text(), REPO_ROOT)
+    assert problems == []
+    assert checked >= 12, checked  # every row but the run in progress, twin and plain
+
+
+def test_learning_figure_check_catches_another_figure_window_seed_count_and_random_score(tmp_path):
+    run = "sac_continuous_action_torchcompile.py --compile --total-timesteps 300000"
+    table = curve_table([("300,000", run, "9377.7 ± 225.4", "1: 9562.6, 2: 9192.8", "last 20 episodes")])
+    (tmp_path / "sac.md").write_text(table + "\nA uniformly random policy scores 1.45 over 400 games.\n")
+    readme = (
+        "## Learning\n\n| algorithm | env, budget | twin `--compile` | plain script | published | |\n"
+        "|---|---|---|---|---|---|\n| SAC | HalfCheetah-v5, 300k | {twin} | – | {published} | [table](sac.md) |\n"
+    )
+    good = readme.format(twin="**9377.7 ± 225.4** (2 seeds; a random policy: 1.45)", published="Tianshou 9059 ± 1051")
+    assert readme_learning_problems(good, tmp_path) == ([], 2)
+    for twin, published in (
+        ("**8696.5 ± 936.2** (2 seeds)", "Tianshou 9059 ± 1051"),  # another figure
+        ("**9377.7 ± 225.4** (3 seeds)", "Tianshou 9059 ± 1051"),  # another count of seeds
+        ("**9377.7 ± 225.4** (2 seeds)", "CleanRL 9634.89 ± 1423.73"),  # beside CleanRL: the last 100 episodes
+        ("**9377.7 ± 225.4** (2 seeds; a random policy: 1.58)", "Tianshou 9059 ± 1051"),  # another random score
+    ):
+        problems, _ = readme_learning_problems(readme.format(twin=twin, published=published), tmp_path)
+        assert len(problems) == 1, (twin, problems)
+    wrong_env = good.replace("HalfCheetah-v5, 300k", "Hopper-v5, 300k")
+    assert readme_learning_problems(wrong_env, tmp_path)[0]
 
 
 # --- Links and anchors ------------------------------------------------------------------------------------------
