@@ -22,30 +22,19 @@ for as the training loop waits for them, the three in turn in each repeat; and e
 """
 
 import argparse
-import importlib.util
 import pathlib
 import statistics
-import sys
 import time
 
 import gymnasium as gym
 import numpy as np
 import torch
-from speedup_table import fail, read_results, variant  # benchmarks/ is on the path when this file runs
+from common import Parser, fail, load_script, read_results, variant  # benchmarks/ is on the path when this file runs
 
-LEANRL = pathlib.Path(__file__).resolve().parent.parent / "leanrl"
-sys.path.insert(0, str(LEANRL))  # the scripts import run_utils from their folder
 SCRIPTS = ("ppo_continuous_action", "ppo_atari_envpool")
 # The pairs whose runs a script's envs are the ceiling of: the Atari pairs make the same envs (the same make_envs).
 PAIRS = {"ppo_continuous_action": ("ppo_continuous_action",),
          "ppo_atari_envpool": ("ppo_atari_envpool", "ppo_atari_envpool_distributed", "pqn_atari_envpool")}  # fmt: skip
-
-
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(name, LEANRL / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # defines the script's functions; its run is under __main__
-    return module
 
 
 def make_envs(name):
@@ -78,7 +67,7 @@ def steps_per_second(envs, num_envs, iterations, warmup, after_step=None):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scripts", nargs="+", choices=SCRIPTS, default=list(SCRIPTS))
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=100)
@@ -86,6 +75,8 @@ if __name__ == "__main__":
     parser.add_argument("--results", type=pathlib.Path, help="run.sh's results.jsonl, from this machine")
     parser.add_argument("--frames", action="store_true", help="also time the Atari frames' copies to the GPU")
     args = parser.parse_args()
+    if min(args.iterations, args.repeats) < 1 or args.warmup < 0:
+        fail("--iterations and --repeats must be at least 1, --warmup at least 0")
     if args.frames and not torch.cuda.is_available():
         fail("--frames copies frames to a GPU: torch sees no CUDA device")
     results = read_results(args.results) if args.results else []
@@ -124,17 +115,13 @@ if __name__ == "__main__":
             "+ frames to the GPU, pinned (the twin's frames_to_device)": frames_to_device,
         }
 
-        def waited_for(copy):
-            def after_step(obs):
-                copy(obs)
-                torch.cuda.current_stream().synchronize()  # the policy needs the frames: a step waits for them
-
-            return after_step
+        def waited_for(copy):  # the policy needs the frames: a step waits for them
+            return lambda obs: (copy(obs), torch.cuda.current_stream().synchronize())
 
         rates = {label: [] for label in copies}
         for _ in range(args.repeats):
             for label, copy in copies.items():
-                after_step = waited_for(copy) if copy else None
+                after_step = copy and waited_for(copy)
                 rates[label].append(
                     steps_per_second(envs, script_args.num_envs, args.iterations, args.warmup, after_step)
                 )

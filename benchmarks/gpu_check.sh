@@ -1,62 +1,46 @@
 #!/usr/bin/env bash
-# The CUDA checklist of the project in one command, in stages that each fit in ten minutes:
+# The CUDA checklist of the project in one command, in stages:
 #
 #   benchmarks/gpu_check.sh OUT_DIR [STAGE ...]
 #
-# Stages, in the order given (default: smoke tests speedup:1 speedup:2 speedup:3 table envspeed micro profile scaling):
-#   smoke    every twin on CUDA with no flag, --compile, --cudagraphs and both, then every plain script, on the
-#            full runs' envs for a few thousand steps, with TORCH_LOGS=recompiles: a crash, a recompile after
-#            the warm-up or a missing results line is reported as FAILED (logs in OUT_DIR/smoke/); smoke:X smokes the
-#            pair X alone (named by its plain script).
-#   tests    python -m pytest -n auto tests: the CPU suite and its CUDA cases (OUT_DIR/pytest.log); tests:cuda runs
-#            the CUDA cases alone (pytest -m cuda: 69 cases).
-#   speedup:S  ./run.sh --quick for seed S, every pair and variant (OUT_DIR/speedup-seedS/). One seed is one
-#            stage: on an H100 machine (16 cores), 17 of a seed's 20 runs took 9 minutes with a cold compile
-#            cache, about 12 s of each run being the imports of torch and the envs. speedup:S:X runs the pair X
-#            alone (OUT_DIR/speedup-seedS-X/), so that a seed can be split over calls shorter than that.
-#   table    the speed-up table and plots of every speedup:S stage run so far (OUT_DIR/speedup/).
-#   envspeed benchmarks/env_speed.py: the PPO scripts' envs alone, random actions, and each PPO and PQN Atari
-#            variant's sps of the table stage against them; then Breakout's envs with each step's frames copied to the
-#            GPU, from pageable memory and through pinned memory as the Atari twins do (--frames): OUT_DIR/env_speed.md.
-#   atari    the Atari twins (PPO, PQN, the distributed one in a world of one) with --compile --cudagraphs, then with
-#            --bf16 too, at run.sh's quick budget, seed 1, one run at a time; then benchmarks/env_speed.py, Breakout's
-#            envs alone, with the runs' sps as a share of the envs' own speed (OUT_DIR/atari/, atari.md).
-#   learning SAC and TD3 twins, --compile --cudagraphs, HalfCheetah-v5, 300k steps (learning:STEPS: that many), seeds
-#            1 and 2, one run at a time (benchmarks/learning_curves.py records, with each episode's wall-clock time, in
-#            OUT_DIR/learning/<algo>/; a plot and a table of the minutes to a return of 5000 in OUT_DIR/learning/). Side
-#            by side on one H100 the four went at 316 sps each, about a quarter of the speed-up table's (1102, 1248). The
-#            runs checkpoint every 50k steps and at a SIGTERM: the same stage with the same OUT_DIR skips finished runs
-#            and resumes a cut one, so the stage can span calls on a warm machine (at 1100 sps a 300k run is 4.5 min).
-#   recipe   the fastest way to a return of 5000 on HalfCheetah-v5 that a 2-core CPU found (docs/num_envs.md): the SAC
-#            twin with --compile --cudagraphs and the CPU's recipe, then a GPU-sized one (4x the envs and gradient steps,
-#            the same updates per env step), 150k steps (recipe:STEPS: that many), seed 1, one run at a time: records,
-#            plot and the minutes to 5000 in OUT_DIR/recipe/ (the goal on a GPU: under 30 seconds).
-#   learning-pqn  the PQN Atari twin, --compile --cudagraphs, Breakout-v5, CleanRL's 10M steps (learning-pqn:STEPS:
-#            that many), seed 1 (OUT_DIR/learning/pqn_atari/, with a plot and table against CleanRL's 384.85 in
-#            OUT_DIR/learning/pqn_atari.png); it checkpoints every 500k steps and at a SIGTERM, so the same stage with the
-#            same OUT_DIR resumes it, call after call on a warm machine, until its record is written.
-#   micro    benchmarks/micro_benchmark.py on CUDA: action selection at batch 1-256 and the updates, eager,
-#            compiled, compiled and captured (OUT_DIR/micro_cuda.md).
-#   profile  each twin with --compile --cudagraphs under cProfile, on the full runs' env: the 30 functions with
-#            the most own time (OUT_DIR/profile/<script>.txt); profile:X profiles the pair X alone.
-#   scaling  the distributed Atari twin with --compile --cudagraphs under torchrun, NCCL, in worlds of 1, 2, 4
-#            and 8 processes, one GPU each (those the machine has GPUs for), the same global batch:
-#            OUT_DIR/scaling/scaling.md, a row per world (sps and final return).
+# Stages, in the order given (default: smoke tests speedup:1 speedup:2 speedup:3 table envspeed micro profile scaling);
+# each fits in ten minutes on an H100 machine, docs/speed_gpu.md gives their figures:
+#   smoke[:PAIR]  every twin on CUDA with no flag, --compile, --cudagraphs and both, then every plain script (or the
+#            pair PAIR, named by its plain script), a few thousand steps of the full runs' envs, TORCH_LOGS=recompiles:
+#            a crash, a recompile after the warm-up or no results line is FAILED (logs in OUT_DIR/smoke/).
+#   tests[:cuda]  pytest -n auto tests (OUT_DIR/pytest.log); tests:cuda the CUDA cases alone (pytest -m cuda).
+#   speedup:S[:PAIR]  ./run.sh --quick for seed S, every pair (or PAIR) and variant (OUT_DIR/speedup-seedS[-PAIR]/):
+#            an H100 machine ran 17 of a seed's 20 runs in 9 minutes with a cold compile cache, so split by PAIR.
+#   table    the speed-up table and plots of the speedup:S stages run so far (OUT_DIR/speedup/).
+#   envspeed benchmarks/env_speed.py --frames: the PPO scripts' envs alone, each variant of the table stage against
+#            them, and Breakout's frames copied to the GPU, pageable and pinned (OUT_DIR/env_speed.md).
+#   atari    the Atari twins with --compile --cudagraphs, without and with --bf16, run.sh's quick budget, seed 1, then
+#            their envs alone with the runs' sps as a share of them (OUT_DIR/atari/, atari.md).
+#   learning[:STEPS]  SAC and TD3 twins, --compile --cudagraphs, HalfCheetah-v5, 300k steps, seeds 1 and 2, one run at
+#            a time (benchmarks/learning_curves.py, OUT_DIR/learning/): a plot and the minutes to a return of 5000.
+#            Checkpoints every 50k steps: the same stage and OUT_DIR resumes a cut run on a warm machine.
+#   recipe[:STEPS]  docs/num_envs.md's SAC recipe (16 envs, 2 gradient steps), then a GPU-sized one (64, 8), 150k
+#            steps, seed 1: the minutes to 5000 (OUT_DIR/recipe/; the goal on a GPU: under 30 seconds).
+#   micro    benchmarks/micro_benchmark.py on CUDA, eager, compiled, compiled and captured (OUT_DIR/micro_cuda.md).
+#   profile[:PAIR]  each twin with --compile --cudagraphs under cProfile: the 30 functions with the most own time
+#            (OUT_DIR/profile/<script>.txt).
+#   scaling  the distributed Atari twin with --compile --cudagraphs under torchrun, NCCL, in worlds of 1, 2, 4 and 8
+#            processes, one GPU each (as many as the machine has), the same global batch (OUT_DIR/scaling/scaling.md).
 #
-# It needs the project's dependencies (requirements/requirements-dev.txt) and a CUDA device. On an offline
-# machine whose python3 has torch, unpack what ../shared/gpu/pack-deps.sh packed first:
+# It needs requirements/requirements-dev.txt and a CUDA device. On an offline machine whose python3 has torch, unpack
+# what ../shared/gpu/pack-deps.sh packed first:
 #   mkdir -p /tmp/site && tar xzf .gpu/deps.tar.gz -C /tmp/site && export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-# The smoke runs go several at a time (they check behaviour, not speed); speedup and micro run alone.
+# The smoke runs go several at a time (they check behaviour, not speed); the others one at a time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke[:PAIR]|tests[:cuda]|speedup:SEED[:PAIR]|table|envspeed|atari|learning[:STEPS]|recipe[:STEPS]|learning-pqn[:STEPS]|micro|profile[:PAIR]|scaling ...]" >&2; exit 2; }
+(($# >= 1)) || { echo "usage: benchmarks/gpu_check.sh OUT_DIR [smoke[:PAIR]|tests[:cuda]|speedup:SEED[:PAIR]|table|envspeed|atari|learning[:STEPS]|recipe[:STEPS]|micro|profile[:PAIR]|scaling ...]" >&2; exit 2; }
 out=$1
 shift
 stages=("$@")
 ((${#stages[@]})) || stages=(smoke tests speedup:1 speedup:2 speedup:3 table envspeed micro profile scaling)
 for stage in "${stages[@]}"; do
-  [[ $stage =~ ^(smoke(:[a-z_]+)?|tests(:cuda)?|speedup:[0-9]+(:[a-z_]+)?|table|envspeed|atari|learning(:[0-9]+)?|recipe(:[0-9]+)?|learning-pqn(:[0-9]+)?|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
+  [[ $stage =~ ^(smoke(:[a-z_]+)?|tests(:cuda)?|speedup:[0-9]+(:[a-z_]+)?|table|envspeed|atari|learning(:[0-9]+)?|recipe(:[0-9]+)?|micro|profile(:[a-z_]+)?|scaling)$ ]] ||
     { echo "gpu_check: unknown stage '$stage'" >&2; exit 2; }
 done
 mkdir -p "$out"
@@ -161,14 +145,6 @@ recipe() { # $1: the env steps of each run
     --reach 5000 --window 10 && grep -A6 '| run | seed | minutes' "$out/recipe/curves.md" || status=1
 }
 
-learning_pqn() { # $1: the env steps of the run
-  mkdir -p "$out/learning/pqn_atari"
-  OMP_NUM_THREADS=2 "$python" benchmarks/learning_curves.py run --script pqn_atari_envpool_torchcompile --seeds 1 \
-    --checkpoint-every 500000 --out "$out/learning/pqn_atari" -- --compile --cudagraphs --total-timesteps $1 \
-    >>"$out/learning/pqn_atari.log" 2>&1 || status=1
-  "$python" benchmarks/learning_curves.py plot "$out/learning/pqn_atari" --out "$out/learning/pqn_atari.png" || status=1
-}
-
 profile() { # $@: the pairs, named by their plain script
   mkdir -p "$out/profile"
   for script in "$@"; do
@@ -257,8 +233,6 @@ for stage in "${stages[@]}"; do
     learning:*) learning "${stage#learning:}" ;;
     recipe) recipe 150000 ;;
     recipe:*) recipe "${stage#recipe:}" ;;
-    learning-pqn) learning_pqn 10000000 ;;
-    learning-pqn:*) learning_pqn "${stage#learning-pqn:}" ;;
     micro)
       "$python" benchmarks/micro_benchmark.py --devices cuda --repeats 3 --out "$out/micro_cuda.md" \
         --configs "plain (eager)" "twin (eager)" "twin --compile" "twin --compile --cudagraphs" || status=1

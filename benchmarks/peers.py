@@ -1,40 +1,23 @@
 """Our twins beside their peers: LeanRL's _torchcompile scripts and CleanRL's JAX scripts, run on this machine in turn
 with ours, with the same budgets, one run at a time; a table of their steady-state sps and the ratios of the medians.
+docs/peers.md describes the pairs, the edits, how each sps is read and what is written.
 
     python benchmarks/peers.py --leanrl ~/LeanRL --cleanrl ~/cleanrl                # every pair, seeds 1 2 3
     python benchmarks/peers.py --leanrl ~/LeanRL --pairs leanrl-sac --seeds 1 --tiny  # minutes: does it run here?
     python benchmarks/peers.py --leanrl ~/LeanRL --cleanrl ~/cleanrl --apply-only   # only write the edited copies
 
---leanrl and --cleanrl are local clones of github.com/meta-pytorch/LeanRL and github.com/vwxyzjn/cleanrl (their
-default branches); only the files of the pairs asked for are read, and a clone is never written to. Their scripts were
-written for the gym, torch and tensordict of their day: each is copied into DIR/peers/ and edited there by the edits
-listed in PEERS, the smallest changes today's libraries need, each an exact text replaced (one that is not found: one
-line naming it, exit status 2, nothing run). docs/peers.md lists them with their reasons; each copy's diff is written
-beside it. The modules a script imports from its repository's root (CleanRL's TD3 and DQN: cleanrl_utils.buffers) are
-copied unedited beside it, and their runs get DIR/peers/<repo>/ on PYTHONPATH, as a clone installed with pip. A clone's
-script that is not the version the edits were written against (its commit and git blob below) gets a warning line.
-
-Per seed, per pair, our twin (from --ours, default this repository's leanrl/) and theirs run in turn, ours first for the
-1st, 3rd, ... seed and theirs first for the others, with the same budget flags (--tiny: a few hundred steps, to check
-that everything runs). Where the device computes bf16 faster than fp32 (describe_machine's fast_bf16), a twin whose Args
-has a bf16 field also runs with --bf16 added, right after its fp32 run of the seed; elsewhere one line says so and the
-table's bf16 column is "–". A run that fails (exit status, no sps in its output, past --timeout) is reported with a
-one-line reason; where the pair has a fallback (LeanRL's SAC and TD3 with --compile die in dynamo on torch 2.13: their
-eager run), the fallback runs next. sps: ours, the steady-state sps of our results line (--results-path); theirs, as
-PEERS says for each: LeanRL's progress bar's last figure; CleanRL's scripts print an sps counted from step 0 (the JIT
-compile and the random warm-up with it), so an edit prints each of those points' global step and clock, and the sps is
-taken between the first point past the warm-up and the last.
-
-Writes DIR/peers.jsonl (every run, as it ends), DIR/peers.md (machine, clones, budgets, per pair the medians over seeds
-of ours, theirs and ours with --bf16, the ratios to theirs, each seed's figures, the failed runs, the edits) and
-DIR/logs/ (each run's output). Their runs get WANDB_MODE=disabled (LeanRL's scripts call wandb.init whatever their
-flags) and work in DIR/work/ (where CleanRL's scripts write their TensorBoard runs/). Exit status: 0 when every run
-ran, 1 when a run failed (the table is still written), 2 for a bad option, an edit that does not apply, a missing
-file of theirs or a module their script imports that is not installed.
+Their scripts (from local clones, never written to) are copied into DIR/peers/ and edited there by the edits of PEERS,
+each an exact text replaced (one not found: one line, exit status 2, nothing run), with the modules they import from
+their repository's root beside them. Per seed, per pair, our twin and theirs run in turn (ours first for odd seeds),
+ours also with --bf16 where the device computes bf16 faster than fp32; a failed run of theirs is followed by its
+fallback where PEERS gives one. Writes DIR/peers.md, DIR/peers.jsonl, DIR/logs/. Exit status: 0 when every run ran,
+1 when one failed (the table is still written), 2 for a bad option, an edit that does not apply or a missing file or
+module of theirs.
 """
 
 import argparse
 import ast
+import contextlib
 import difflib
 import hashlib
 import importlib.metadata
@@ -51,14 +34,18 @@ import time
 from collections import namedtuple
 from pathlib import Path
 
-# benchmarks/ is on the path when this file runs
-from speedup_table import FAST_BF16, describe_machine, fail, machine_text
+from common import FAST_BF16, Parser, describe_machine, fail, machine_text  # benchmarks/ is on the path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PEER_REPOS = {  # --option: (name, upstream)
+PEER_REPOS = {
     "leanrl": ("LeanRL", "github.com/meta-pytorch/LeanRL"),
     "cleanrl": ("CleanRL", "github.com/vwxyzjn/cleanrl"),
 }
+OURS_FLAGS = "--compile"  # our twin's flags in every pair
+# Our twins with a --bf16 switch (their Args declare it, as run.sh greps for it) also run with it, where the device
+# computes bf16 faster than fp32 (elsewhere the switch only says that it is off).
+BF16 = "--bf16"
+BF16_FIELD = re.compile(r"^    bf16: bool", re.MULTILINE)
 
 # An edit of a peer script: `old` must be found exactly `count` times, and each becomes `new`.
 Edit = namedtuple("Edit", "name reason old new count", defaults=(1,))
@@ -67,54 +54,10 @@ SAME_STEP_REASON = (
     "gymnasium 1.x resets an ended env on the next step by default; the script expects the reset in the same step, "
     "with the ended episode's last observation and info in final_obs and final_info"
 )
-SAME_STEP_ONE_ENV = Edit(
-    "same-step-autoreset",
-    SAME_STEP_REASON,
-    "[make_env(args.env_id, args.seed, 0, args.capture_video, run_name)])",
-    "[make_env(args.env_id, args.seed, 0, args.capture_video, run_name)], "
-    "autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)",
-)
-SAME_STEP_N_ENVS = Edit(
-    "same-step-autoreset",
-    SAME_STEP_REASON,
-    "for i in range(args.num_envs)]\n    )",
-    "for i in range(args.num_envs)],\n        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,\n    )",
-)
-FINAL_OBS = Edit(
-    "final-obs",
-    "gymnasium 1.x names an ended episode's last observation final_obs (final_observation before)",
-    'infos["final_observation"][idx]',
-    'infos["final_obs"][idx]',
-)
+FINAL_OBS_REASON = "gymnasium 1.x names an ended episode's last observation final_obs (final_observation before)"
 FINAL_INFO_REASON = (
     "gymnasium 1.x gives final_info as one dict of arrays over the envs, with a mask of the envs whose episode ended "
     "(_episode), not a list of one dict per env"
-)
-ENDED_RETURNS = '            for r in infos["final_info"]["episode"]["r"][infos["final_info"]["_episode"]]:\n'
-FINAL_INFO_RESHAPED = Edit(
-    "final-info-dict",
-    FINAL_INFO_REASON + ": the returns of the ended episodes are read through that mask",
-    '            for info in infos["final_info"]:\n                r = float(info["episode"]["r"].reshape(()))\n',
-    ENDED_RETURNS + "                r = float(r)\n",
-)
-FINAL_INFO_FLOAT = Edit(
-    "final-info-dict",
-    FINAL_INFO_REASON + ": the returns of the ended episodes are read through that mask",
-    '            for info in infos["final_info"]:\n                r = float(info["episode"]["r"])\n',
-    ENDED_RETURNS + "                r = float(r)\n",
-)
-FINAL_INFO_ONE_ENV = Edit(
-    "final-info-dict",
-    FINAL_INFO_REASON + ": the script steps one env, whose info that dict is, so it stands for the list",
-    '            for info in infos["final_info"]:\n',
-    '            for info in [infos["final_info"]]:\n',
-)
-GYMNASIUM_IMPORT = Edit(
-    "gymnasium-import",
-    "gym is not installed (gym 0.26 does not run on numpy 2); envpool 1.2.5 makes gymnasium envs (env_type 'gym' "
-    "is its alias for 'gymnasium'), whose spaces the script's assert checks",
-    "\nimport gym\n",
-    "\nimport gymnasium as gym\n",
 )
 ENVPOOL_PROPERTIES_REASON = (
     "envpool 1.2.5's envs have these attributes as read-only properties, with the values the script sets"
@@ -124,6 +67,33 @@ DETACHED_REASON = (
     "(preserve_module_state=True, its new default); the script writes detached weights (an acting copy, targets), "
     "which stay plain, as they were written to be, with preserve_module_state=False"
 )
+ENDED_RETURNS = '            for r in infos["final_info"]["episode"]["r"][infos["final_info"]["_episode"]]:\n'
+ENVPOOL_PROPERTIES = (
+    "    envs.num_envs = args.num_envs\n    envs.single_action_space = envs.action_space\n"
+    "    envs.single_observation_space = envs.observation_space\n"
+)
+# fmt: off
+SAME_STEP_ONE_ENV = Edit("same-step-autoreset", SAME_STEP_REASON,
+                         "[make_env(args.env_id, args.seed, 0, args.capture_video, run_name)])",
+                         "[make_env(args.env_id, args.seed, 0, args.capture_video, run_name)], "
+                         "autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)")
+SAME_STEP_N_ENVS = Edit("same-step-autoreset", SAME_STEP_REASON, "for i in range(args.num_envs)]\n    )",
+                        "for i in range(args.num_envs)],\n        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,"
+                        "\n    )")
+FINAL_OBS = Edit("final-obs", FINAL_OBS_REASON, 'infos["final_observation"][idx]', 'infos["final_obs"][idx]')
+FINAL_INFO_RESHAPED, FINAL_INFO_FLOAT = (
+    Edit("final-info-dict", FINAL_INFO_REASON + ": the returns of the ended episodes are read through that mask",
+         f'            for info in infos["final_info"]:\n                r = float(info["episode"]["r"]{reshape})\n',
+         ENDED_RETURNS + "                r = float(r)\n")
+    for reshape in ('.reshape(())', ''))
+FINAL_INFO_ONE_ENV = Edit("final-info-dict", FINAL_INFO_REASON + ": the script steps one env, whose info that dict is, "
+                          "so it stands for the list", '            for info in infos["final_info"]:\n',
+                          '            for info in [infos["final_info"]]:\n')
+GYMNASIUM_IMPORT = Edit("gymnasium-import", "gym is not installed (gym 0.26 does not run on numpy 2); envpool 1.2.5 "
+                        "makes gymnasium envs (env_type 'gym' is its alias for 'gymnasium'), whose spaces the script's "
+                        "assert checks", "\nimport gym\n", "\nimport gymnasium as gym\n")
+RESET_INFO = "gymnasium's reset returns (observations, info)"
+# fmt: on
 
 
 def detached(call):
@@ -149,256 +119,145 @@ def sps_points(indent):
 
 
 LEANRL_SPS = "its progress bar's last sps"
-# Our twins with a --bf16 switch (their Args declare it, as run.sh greps for it) also run with it, where the device
-# computes bf16 faster than fp32 (elsewhere the switch only says that it is off).
-BF16 = "--bf16"
-BF16_FIELD = re.compile(r"^    bf16: bool", re.MULTILINE)
+POINTS_SPS = "between its first sps point past the random warm-up (every 100 steps) and its last"
+ATARI = "--env-id Breakout-v5 --total-timesteps 20480"  # 20 iterations: LeanRL's sps is printed at 10 and 20
+ATARI_TINY = "--env-id Breakout-v5 --num-envs 2 --num-steps 32 --update-epochs 1 --total-timesteps 640"
+MUJOCO = "--env-id HalfCheetah-v5 --learning-starts 1000 --total-timesteps 4000"
+MUJOCO_TINY = "--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 500"
 # CleanRL's TD3 and DQN import their replay buffer from the repository's root (from cleanrl_utils.buffers import ...).
 CLEANRL_BUFFERS = ("cleanrl_utils/__init__.py", "cleanrl_utils/buffers.py")
 # Each pair: their script (repo, path, the commit the edits were written against and its git blob), our twin, the
-# budget flags both get (the real measurement's and --tiny's), ours' flags, theirs' variants (label, flags: the first
-# is the measurement, the others fallbacks run after it fails), how their sps is read, the modules of their repository
-# the script imports (copied unedited beside the copy), and the edits.
+# budget flags both get (the measurement's and --tiny's), theirs' variants (label, flags: the first is the
+# measurement, the others fallbacks run after it fails), how their sps is read (pattern: the last match in their
+# output; else between sps points, past `skip`), the modules of their repository the script imports, and the edits.
+# fmt: off
 PEERS = {
     "leanrl-ppo_atari": dict(
-        repo="leanrl",
-        path="leanrl/ppo_atari_envpool_torchcompile.py",
-        commit="9873ce934c3b1d5ffa7d84bb51d7bc390c359ec6",
-        blob="869cbca7ec9955fe103db3d60e77a7ae6c107118",
-        ours="ppo_atari_envpool_torchcompile.py",
-        budget="--env-id Breakout-v5 --total-timesteps 20480",  # 20 iterations: their sps is printed at 10 and 20
-        tiny="--env-id Breakout-v5 --num-envs 2 --num-steps 32 --update-epochs 1 --total-timesteps 640",
-        ours_flags="--compile",
-        theirs=(("--compile", "--compile"),),
-        sps="last",
+        repo="leanrl", path="leanrl/ppo_atari_envpool_torchcompile.py",
+        commit="9873ce934c3b1d5ffa7d84bb51d7bc390c359ec6", blob="869cbca7ec9955fe103db3d60e77a7ae6c107118",
+        ours="ppo_atari_envpool_torchcompile.py", budget=ATARI, tiny=ATARI_TINY, theirs=(("--compile", "--compile"),),
         pattern=r"speed:\s*(\d+\.\d+) sps",
         sps_text=LEANRL_SPS + ": the mean over its last 10 iterations (it restarts its clock every 10)",
         edits=(
             GYMNASIUM_IMPORT,
-            Edit(
-                "envpool-properties",
-                ENVPOOL_PROPERTIES_REASON,
-                "    envs.num_envs = args.num_envs\n"
-                "    envs.single_action_space = envs.action_space\n"
-                "    envs.single_observation_space = envs.observation_space\n",
-                "",
-            ),
-            Edit(
-                "wrapper-attribute",
-                "gymnasium 1.x wrappers do not pass on their env's attributes; the agent reads single_action_space "
-                "through the script's episode-statistics wrapper",
-                '        self.num_envs = getattr(env, "num_envs", 1)\n',
-                '        self.num_envs = getattr(env, "num_envs", 1)\n'
-                "        self.single_action_space = env.single_action_space\n",
-            ),
-            Edit(
-                "five-tuple",
-                "gymnasium's step returns terminated and truncated apart; the script's done is either",
-                "        observations, rewards, dones, infos = super().step(action)\n",
-                "        observations, rewards, terminations, truncations, infos = super().step(action)\n"
-                "        dones = terminations | truncations\n",
-            ),
-            Edit(
-                "reset-info",
-                "gymnasium's reset returns (observations, info)",
-                "torch.tensor(envs.reset(), ",
-                "torch.tensor(envs.reset()[0], ",
-            ),
-            Edit(
-                "categorical-properties",
-                "its stopgap awaiting pytorch/pytorch#138080 makes Categorical's logits and probs properties without "
-                "a setter, which torch 2.13's Categorical.__init__ assigns (AttributeError: property of 'Categorical' "
-                "object has no setter): removed, torch's own lazy properties stay",
-                "# This is a quick fix while waiting for https://github.com/pytorch/pytorch/pull/138080 to land\n"
-                'Categorical.logits = property(Categorical.__dict__["logits"].wrapped)\n'
-                'Categorical.probs = property(Categorical.__dict__["probs"].wrapped)\n',
-                "",
-            ),
+            Edit("envpool-properties", ENVPOOL_PROPERTIES_REASON, ENVPOOL_PROPERTIES, ""),
+            Edit("wrapper-attribute", "gymnasium 1.x wrappers do not pass on their env's attributes; the agent reads "
+                 "single_action_space through the script's episode-statistics wrapper",
+                 '        self.num_envs = getattr(env, "num_envs", 1)\n',
+                 '        self.num_envs = getattr(env, "num_envs", 1)\n'
+                 "        self.single_action_space = env.single_action_space\n"),
+            Edit("five-tuple", "gymnasium's step returns terminated and truncated apart; the script's done is either",
+                 "        observations, rewards, dones, infos = super().step(action)\n",
+                 "        observations, rewards, terminations, truncations, infos = super().step(action)\n"
+                 "        dones = terminations | truncations\n"),
+            Edit("reset-info", RESET_INFO, "torch.tensor(envs.reset(), ", "torch.tensor(envs.reset()[0], "),
+            Edit("categorical-properties", "its stopgap awaiting pytorch/pytorch#138080 makes Categorical's logits "
+                 "and probs properties without a setter, which torch 2.13's Categorical.__init__ assigns "
+                 "(AttributeError: property of 'Categorical' object has no setter): removed, torch's own lazy "
+                 "properties stay",
+                 "# This is a quick fix while waiting for https://github.com/pytorch/pytorch/pull/138080 to land\n"
+                 'Categorical.logits = property(Categorical.__dict__["logits"].wrapped)\n'
+                 'Categorical.probs = property(Categorical.__dict__["probs"].wrapped)\n', ""),
             detached("agent_inference_p.to_module(agent_inference"),
         ),
     ),
     "leanrl-ppo_continuous": dict(
-        repo="leanrl",
-        path="leanrl/ppo_continuous_action_torchcompile.py",
-        commit="6f8728ec4f0243ead5401eb35aafd6ffbb5bb3de",
-        blob="240dd911b6bab5620e193f121ce7f320c9774ee4",
+        repo="leanrl", path="leanrl/ppo_continuous_action_torchcompile.py",
+        commit="6f8728ec4f0243ead5401eb35aafd6ffbb5bb3de", blob="240dd911b6bab5620e193f121ce7f320c9774ee4",
         ours="ppo_continuous_action_torchcompile.py",
         budget="--env-id HalfCheetah-v5 --total-timesteps 40960",  # 20 iterations: their sps is printed at 10 and 20
         tiny="--env-id Pendulum-v1 --num-steps 64 --num-minibatches 2 --update-epochs 1 --total-timesteps 640",
-        ours_flags="--compile",
-        theirs=(("--compile", "--compile"),),
-        sps="last",
-        pattern=r"speed:\s*(\d+\.\d+) sps",
+        theirs=(("--compile", "--compile"),), pattern=r"speed:\s*(\d+\.\d+) sps",
         sps_text=LEANRL_SPS + ": the mean since its burn-in",
         edits=(
             SAME_STEP_N_ENVS,
             FINAL_INFO_RESHAPED,
-            Edit(
-                "transform-observation-space",
-                "gymnasium 1.x's TransformObservation takes the space of the new observations (clipping keeps it)",
-                "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))",
-                "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)",
-            ),
+            Edit("transform-observation-space", "gymnasium 1.x's TransformObservation takes the space of the new "
+                 "observations (clipping keeps it)",
+                 "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))",
+                 "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)"),
             detached("agent_inference_p.to_module(agent_inference"),
         ),
     ),
     "leanrl-sac": dict(
-        repo="leanrl",
-        path="leanrl/sac_continuous_action_torchcompile.py",
-        commit="6f8728ec4f0243ead5401eb35aafd6ffbb5bb3de",
-        blob="6bf4daa37e2a42cca83f79d94a5b37bb3d1c9eee",
-        ours="sac_continuous_action_torchcompile.py",
-        budget="--env-id HalfCheetah-v5 --learning-starts 1000 --total-timesteps 4000",
-        tiny="--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 500",
-        ours_flags="--compile",
-        theirs=(("--compile", "--compile"), ("eager", "")),
-        sps="last",
-        pattern=r"(\d+\.\d{4}) sps, ",
+        repo="leanrl", path="leanrl/sac_continuous_action_torchcompile.py",
+        commit="6f8728ec4f0243ead5401eb35aafd6ffbb5bb3de", blob="6bf4daa37e2a42cca83f79d94a5b37bb3d1c9eee",
+        ours="sac_continuous_action_torchcompile.py", budget=MUJOCO, tiny=MUJOCO_TINY,
+        theirs=(("--compile", "--compile"), ("eager", "")), pattern=r"(\d+\.\d{4}) sps, ",
         sps_text=LEANRL_SPS + ": the mean since its burn-in, past the random warm-up",
         edits=(
             SAME_STEP_ONE_ENV,
             FINAL_INFO_FLOAT,
-            Edit(
-                "final-obs",
-                FINAL_OBS.reason,
-                'torch.as_tensor(infos["final_observation"][idx], ',
-                'torch.as_tensor(infos["final_obs"][idx], ',
-            ),
-            Edit(
-                "policy-out-keys",
-                "tensordict 0.15 wants an out_key for each output of a module (get_action returns three); "
-                "select_out_keys keeps the policy returning the action alone",
-                'in_keys=["observation"], out_keys=["action"])',
-                'in_keys=["observation"], out_keys=["action", "log_prob", "mean"]).select_out_keys("action")',
-            ),
+            Edit("final-obs", FINAL_OBS_REASON, 'torch.as_tensor(infos["final_observation"][idx], ',
+                 'torch.as_tensor(infos["final_obs"][idx], '),
+            Edit("policy-out-keys", "tensordict 0.15 wants an out_key for each output of a module (get_action "
+                 "returns three); select_out_keys keeps the policy returning the action alone",
+                 'in_keys=["observation"], out_keys=["action"])',
+                 'in_keys=["observation"], out_keys=["action", "log_prob", "mean"]).select_out_keys("action")'),
             detached("from_module(actor).data.to_module(actor_detach"),
         ),
     ),
     "leanrl-td3": dict(
-        repo="leanrl",
-        path="leanrl/td3_continuous_action_torchcompile.py",
-        commit="6f8728ec4f0243ead5401eb35aafd6ffbb5bb3de",
-        blob="e4a614a1eb649004dff0d4fbb596e0b1b1d5bcb8",
-        ours="td3_continuous_action_torchcompile.py",
-        budget="--env-id HalfCheetah-v5 --learning-starts 1000 --total-timesteps 4000",
-        tiny="--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 500",
-        ours_flags="--compile",
-        theirs=(("--compile", "--compile"), ("eager", "")),
-        sps="last",
-        pattern=r"(\d+\.\d{4}) sps, ",
+        repo="leanrl", path="leanrl/td3_continuous_action_torchcompile.py",
+        commit="6f8728ec4f0243ead5401eb35aafd6ffbb5bb3de", blob="e4a614a1eb649004dff0d4fbb596e0b1b1d5bcb8",
+        ours="td3_continuous_action_torchcompile.py", budget=MUJOCO, tiny=MUJOCO_TINY,
+        theirs=(("--compile", "--compile"), ("eager", "")), pattern=r"(\d+\.\d{4}) sps, ",
         sps_text=LEANRL_SPS + ": the mean since its burn-in, past the random warm-up",
         edits=(
             SAME_STEP_ONE_ENV,
             FINAL_INFO_RESHAPED,
-            Edit(
-                "final-obs",
-                FINAL_OBS.reason,
-                'if "final_observation" in infos:',
-                'if "final_obs" in infos:',
-            ),
-            Edit(
-                "final-obs",
-                FINAL_OBS.reason,
-                'list(infos["final_observation"][truncations])',
-                'list(infos["final_obs"][truncations])',
-            ),
+            Edit("final-obs", FINAL_OBS_REASON, 'if "final_observation" in infos:', 'if "final_obs" in infos:'),
+            Edit("final-obs", FINAL_OBS_REASON, 'list(infos["final_observation"][truncations])',
+                 'list(infos["final_obs"][truncations])'),
             detached("from_module(actor).data.to_module(actor_detach"),
             detached("target_actor_params.to_module(target_actor"),
             detached("with qnet_params.data[0].to_module(qnet"),
         ),
     ),
     "cleanrl-td3": dict(
-        repo="cleanrl",
-        path="cleanrl/td3_continuous_action_jax.py",
-        commit="004f8a086a892a2a180f4dd332b90d83a968aa7a",
-        blob="9daf9f461ce1478ae1157e6d1e9d876bb1bcce25",
-        ours="td3_continuous_action_torchcompile.py",
-        budget="--env-id HalfCheetah-v5 --learning-starts 1000 --total-timesteps 4000",
-        tiny="--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 500",
-        ours_flags="--compile",
-        theirs=(("jax.jit", ""),),
-        sps="points",
+        repo="cleanrl", path="cleanrl/td3_continuous_action_jax.py", commit="004f8a086a892a2a180f4dd332b90d83a968aa7a",
+        blob="9daf9f461ce1478ae1157e6d1e9d876bb1bcce25", ours="td3_continuous_action_torchcompile.py",
+        budget=MUJOCO, tiny=MUJOCO_TINY, theirs=(("jax.jit", ""),),
         skip=0,  # the first point comes 100 steps after the first update: past the JIT compile
-        sps_text="between its first sps point past the random warm-up (every 100 steps) and its last",
-        modules=CLEANRL_BUFFERS,
+        sps_text=POINTS_SPS, modules=CLEANRL_BUFFERS,
         edits=(SAME_STEP_ONE_ENV, FINAL_INFO_ONE_ENV, FINAL_OBS, sps_points(16)),
     ),
     "cleanrl-dqn": dict(
-        repo="cleanrl",
-        path="cleanrl/dqn_jax.py",
-        commit="004f8a086a892a2a180f4dd332b90d83a968aa7a",
-        blob="4bda819200ae23344881f84fb86c5a3ff07df1a1",
-        ours="dqn_torchcompile.py",
+        repo="cleanrl", path="cleanrl/dqn_jax.py", commit="004f8a086a892a2a180f4dd332b90d83a968aa7a",
+        blob="4bda819200ae23344881f84fb86c5a3ff07df1a1", ours="dqn_torchcompile.py",
         budget="--env-id CartPole-v1 --learning-starts 10000 --total-timesteps 30000",
         tiny="--env-id CartPole-v1 --learning-starts 200 --batch-size 32 --total-timesteps 600",
-        ours_flags="--compile",
         theirs=(("jax.jit", ""),),
-        sps="points",
         skip=0,  # the first point comes 90 steps after the first update: past the JIT compile
-        sps_text="between its first sps point past the random warm-up (every 100 steps) and its last",
-        modules=CLEANRL_BUFFERS,
+        sps_text=POINTS_SPS, modules=CLEANRL_BUFFERS,
         edits=(SAME_STEP_N_ENVS, FINAL_INFO_ONE_ENV, FINAL_OBS, sps_points(20)),
     ),
     "cleanrl-ppo_atari": dict(
-        repo="cleanrl",
-        path="cleanrl/ppo_atari_envpool_xla_jax.py",
-        commit="35896b1fefa9898b904f7e09bcbe6e168e15d2a9",
-        blob="8e7da71f5431857c522ab0fedd15bb2bd80d8269",
-        ours="ppo_atari_envpool_torchcompile.py",
-        budget="--env-id Breakout-v5 --total-timesteps 20480",
-        tiny="--env-id Breakout-v5 --num-envs 2 --num-steps 32 --update-epochs 1 --total-timesteps 640",
-        ours_flags="--compile",
-        theirs=(("jax.jit", ""),),
-        sps="points",
+        repo="cleanrl", path="cleanrl/ppo_atari_envpool_xla_jax.py", commit="35896b1fefa9898b904f7e09bcbe6e168e15d2a9",
+        blob="8e7da71f5431857c522ab0fedd15bb2bd80d8269", ours="ppo_atari_envpool_torchcompile.py", budget=ATARI,
+        tiny=ATARI_TINY, theirs=(("jax.jit", ""),),
         skip=2,  # from the end of the 3rd iteration (ours: after 3 burn-in iterations); the 1st and 2nd compile
         sps_text="between the end of its 3rd iteration and of its last (an sps point per iteration)",
         edits=(
             GYMNASIUM_IMPORT,
-            Edit(
-                "envpool-properties",
-                ENVPOOL_PROPERTIES_REASON,
-                "    envs.num_envs = args.num_envs\n"
-                "    envs.single_action_space = envs.action_space\n"
-                "    envs.single_observation_space = envs.observation_space\n"
-                "    envs.is_vector_env = True\n",
-                "",
-            ),
-            Edit(
-                "five-tuple",
-                "envpool's gymnasium step returns terminated and truncated apart; the script's done is either",
-                "        handle, (next_obs, reward, next_done, info) = step_env(handle, action)\n",
-                "        handle, (next_obs, reward, next_done, truncated, info) = step_env(handle, action)\n"
-                "        next_done = next_done | truncated\n",
-            ),
-            Edit(
-                "truncated",
-                "envpool's gymnasium info has no TimeLimit.truncated: step returns it",
-                'info["TimeLimit.truncated"]',
-                "truncated",
-                4,
-            ),
-            Edit(
-                "reset-info",
-                "gymnasium's reset returns (observations, info)",
-                "    next_obs = envs.reset()\n",
-                "    next_obs, _ = envs.reset()\n",
-            ),
-            Edit(
-                "params-contains",
-                "flax 0.12's TrainState.create and apply_gradients ask whether params (and grads) hold an "
-                "overwrite_with_gradient collection (`in`), which the script's params dataclass cannot answer; it "
-                "holds none",
-                "    critic_params: flax.core.FrozenDict\n",
-                "    critic_params: flax.core.FrozenDict\n\n    def __contains__(self, key):\n        return False\n",
-            ),
+            Edit("envpool-properties", ENVPOOL_PROPERTIES_REASON,
+                 ENVPOOL_PROPERTIES + "    envs.is_vector_env = True\n", ""),
+            Edit("five-tuple", "envpool's gymnasium step returns terminated and truncated apart; the script's done "
+                 "is either", "        handle, (next_obs, reward, next_done, info) = step_env(handle, action)\n",
+                 "        handle, (next_obs, reward, next_done, truncated, info) = step_env(handle, action)\n"
+                 "        next_done = next_done | truncated\n"),
+            Edit("truncated", "envpool's gymnasium info has no TimeLimit.truncated: step returns it",
+                 'info["TimeLimit.truncated"]', "truncated", 4),
+            Edit("reset-info", RESET_INFO, "    next_obs = envs.reset()\n", "    next_obs, _ = envs.reset()\n"),
+            Edit("params-contains", "flax 0.12's TrainState.create and apply_gradients ask whether params (and grads) "
+                 "hold an overwrite_with_gradient collection (`in`), which the script's params dataclass cannot "
+                 "answer; it holds none", "    critic_params: flax.core.FrozenDict\n",
+                 "    critic_params: flax.core.FrozenDict\n\n    def __contains__(self, key):\n        return False\n"),
             sps_points(8),
         ),
     ),
 }
-
-
-def warn(message):
-    print(f"peers.py: warning: {message}", file=sys.stderr)
+# fmt: on
 
 
 def git_blob(data):
@@ -408,35 +267,34 @@ def git_blob(data):
 
 def git_head(folder):
     """The commit checked out in a folder's git repository, or None."""
-    try:
+    with contextlib.suppress(OSError):
         found = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True)
-    except OSError:
-        return None
-    return found.stdout.strip() if found.returncode == 0 else None
+        return found.stdout.strip() if found.returncode == 0 else None
 
 
 def apply_edits(text, edits, where):
     """The text with each edit made, in turn; a user's error (exit status 2) when an edit's text is not found."""
     for edit in edits:
-        found = text.count(edit.old)
-        if found != edit.count:
-            line = edit.old.strip().splitlines()[0]
-            fail(f"{where}: edit {edit.name} finds {found} of `{line}`, not {edit.count}")
+        if (found := text.count(edit.old)) != edit.count:
+            fail(f"{where}: edit {edit.name} finds {found} of `{edit.old.strip().splitlines()[0]}`, not {edit.count}")
         text = text.replace(edit.old, edit.new)
     return text
 
 
 Prepared = namedtuple("Prepared", "edited original same modules")
+# How to install a module a peer's script imports, where requirements-peers.txt does not install it.
+INSTALL = {"torchrl": "pip install --no-deps torchrl==0.14.1 (apart: see docs/peers.md)"}
 
 
-def prepare(pairs, clones):
+def prepare(pairs, clones, check_imports):
     """{pair: Prepared(edited text, the clone's text, whether it is the version written against, {path: the bytes of
-    each module it imports from its repository})}; fails before any write."""
+    each module it imports from its repository})}; a user's error before any write when a file of theirs is missing,
+    an edit does not apply or (check_imports) a module the edited script imports at its top level is not installed
+    (the modules of their repository, copied beside it, do count as installed)."""
     prepared = {}
     for name in pairs:
-        peer = PEERS[name]
+        peer, clone = PEERS[name], clones[PEERS[name]["repo"]]
         repo, url = PEER_REPOS[peer["repo"]]
-        clone = clones[peer["repo"]]
         for path in (peer["path"], *peer.get("modules", ())):
             if not (clone / path).is_file():
                 fail(f"no {path} in {clone} (a clone of {url}?)")
@@ -445,34 +303,20 @@ def prepare(pairs, clones):
         same = git_blob(data) == peer["blob"]
         where = f"{repo}'s {peer['path']}" + ("" if same else f" (not its version at {peer['commit'][:7]})")
         prepared[name] = Prepared(apply_edits(data.decode(), peer["edits"], where), data.decode(), same, modules)
-    for name, (_, _, same, _) in prepared.items():
-        if not same:
-            peer = PEERS[name]
-            warn(f"{PEER_REPOS[peer['repo']][0]}'s {peer['path']} is not its version at {peer['commit'][:7]}, "
-                 "which the edits were written against; each edit found its text")  # fmt: skip
-    return prepared
-
-
-# How to install a module a peer's script imports, where requirements-peers.txt does not install it.
-INSTALL = {"torchrl": "pip install --no-deps torchrl==0.14.1 (apart: see docs/peers.md)"}
-
-
-def check_imports(prepared):
-    """Fails (exit status 2, before any run) naming the first module the edited copies import at their top level that
-    is not installed here, and how to install it; the modules of their repository copied beside them do not count."""
-    for name, (edited, _, _, modules) in prepared.items():
-        beside = {path.split("/")[0] for path in modules}
+    for name, (edited, _, _, modules) in prepared.items() if check_imports else ():
         for node in ast.parse(edited).body:
-            if isinstance(node, ast.Import):
-                dotted = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                dotted = [node.module]
-            else:
-                continue
+            dotted = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            dotted += [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
             for module in [part.split(".")[0] for part in dotted]:
-                if module not in beside and importlib.util.find_spec(module) is None:
+                if module not in {path.split("/")[0] for path in modules} and not importlib.util.find_spec(module):
                     how = INSTALL.get(module, "pip install -r requirements/requirements-peers.txt")
                     fail(f"{name}: their script imports {module}, which is not installed here: {how}")
+    for name in [name for name in pairs if not prepared[name].same]:
+        peer = PEERS[name]
+        print(f"peers.py: warning: {PEER_REPOS[peer['repo']][0]}'s {peer['path']} is not its version at "
+              f"{peer['commit'][:7]}, which the edits were written against; each edit found its text",
+              file=sys.stderr)  # fmt: skip
+    return prepared
 
 
 def write_copies(prepared, out):
@@ -480,19 +324,14 @@ def write_copies(prepared, out):
     repository (unedited) at their paths in OUT/peers/<repo>/; {pair: the copy's path}."""
     copies = {}
     for name, (edited, original, _, modules) in prepared.items():
-        peer = PEERS[name]
-        root = out / "peers" / PEER_REPOS[peer["repo"]][0]
-        for path, data in modules.items():
-            (root / path).parent.mkdir(parents=True, exist_ok=True)
-            (root / path).write_bytes(data)
-        copy = root / peer["path"]
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.write_text(edited)
-        diff = difflib.unified_diff(
-            original.splitlines(True), edited.splitlines(True), peer["path"], peer["path"] + " (edited)"
+        path, root = PEERS[name]["path"], out / "peers" / PEER_REPOS[PEERS[name]["repo"]][0]
+        diff = "".join(
+            difflib.unified_diff(original.splitlines(True), edited.splitlines(True), path, f"{path} (edited)")
         )
-        copy.with_name(copy.name + ".diff").write_text("".join(diff))
-        copies[name] = copy
+        for file, data in {**modules, path: edited.encode(), f"{path}.diff": diff.encode()}.items():
+            (root / file).parent.mkdir(parents=True, exist_ok=True)
+            (root / file).write_bytes(data)
+        copies[name] = root / path
     return copies
 
 
@@ -506,7 +345,7 @@ def failure_reason(text):
 
 def their_sps(peer, text):
     """(steady-state sps, the last figure they print themselves, why there is no sps) from a run's output."""
-    if peer["sps"] == "last":
+    if "pattern" in peer:
         found = re.findall(peer["pattern"], text)
         if not found:
             return None, None, "no sps in its output (budget too short?)"
@@ -520,45 +359,31 @@ def their_sps(peer, text):
     return (last_step - first_step) / (last_clock - first_clock), printed, None
 
 
-def run_logged(command, log_path, cwd, timeout, pythonpath=None):
-    """Runs a command to its end, its output into log_path; returns (exit status, or None past the timeout, seconds).
-    The child leads its own process group, so that a timeout or a Ctrl-C ends it with its compile workers."""
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    if pythonpath is not None:  # ahead of a PYTHONPATH already set
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), os.environ.get("PYTHONPATH")]))
-    start = time.monotonic()
-    with open(log_path, "w") as log:
-        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env,
-                                 start_new_session=True)  # fmt: skip
-        try:
-            status = child.wait(timeout=timeout)
-        except (subprocess.TimeoutExpired, KeyboardInterrupt) as stop:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-            if isinstance(stop, KeyboardInterrupt):
-                raise
-            status = None
-    return status, time.monotonic() - start
-
-
 def run_one(name, side, label, fallback, seed, flags, args, copies, out):
-    """One run of ours or theirs: its record (sps, or why it failed)."""
+    """One run of ours or theirs, its output in DIR/logs/: its record (sps, or why it failed)."""
     peer = PEERS[name]
     slug = re.sub(r"\W+", "_", label.strip("-"))  # --compile --bf16: compile_bf16; jax.jit: jax_jit
     tag = f"{name}-{side}-{slug}-seed{seed}"
-    log = out / "logs" / f"{tag}.log"
-    if side == "ours":
-        results = out / "logs" / f"{tag}.json"
-        script = args.ours / peer["ours"]
-        command = [sys.executable, str(script), *flags, "--seed", str(seed), "--results-path", str(results)]
-        pythonpath = None
-    else:
-        script = copies[name]
-        command = [sys.executable, str(script), *flags, "--seed", str(seed)]
-        # the root of their copies, as a clone installed with pip: the modules the script imports from its repository
-        pythonpath = out / "peers" / PEER_REPOS[peer["repo"]][0]
-    status, seconds = run_logged(command, log, out / "work", args.timeout, pythonpath)
-    text = log.read_text(errors="replace")
+    log, results = out / "logs" / f"{tag}.log", out / "logs" / f"{tag}.json"
+    command = [sys.executable, str(args.ours / peer["ours"] if side == "ours" else copies[name]), *flags]
+    command += ["--seed", str(seed)] + (["--results-path", str(results)] if side == "ours" else [])
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    if side == "theirs":  # the root of their copies ahead on PYTHONPATH, as a clone installed with pip
+        root = out / "peers" / PEER_REPOS[peer["repo"]][0]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    start = time.monotonic()
+    with open(log, "w") as output:  # the child leads its own process group: a timeout or Ctrl-C ends its workers too
+        child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=out / "work", env=env,
+                                 start_new_session=True)  # fmt: skip
+        try:
+            status = child.wait(timeout=args.timeout)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt) as stopped:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            if isinstance(stopped, KeyboardInterrupt):
+                raise
+            status = None  # past --timeout
+    seconds, text = time.monotonic() - start, log.read_text(errors="replace")
     sps = printed = failed = device = None
     if status is None:
         failed = f"killed past --timeout {args.timeout:g} s"
@@ -572,7 +397,7 @@ def run_one(name, side, label, fallback, seed, flags, args, copies, out):
             failed = "no sps in its results line (budget too short?)" if lines else "no results line"
     else:
         sps, printed, failed = their_sps(peer, text)
-    return dict(pair=name, side=side, variant=label, fallback=fallback, seed=seed, script=str(script),
+    return dict(pair=name, side=side, variant=label, fallback=fallback, seed=seed, script=command[1],
                 command=shlex.join(command), returncode=status, seconds=round(seconds, 1), sps=sps,
                 printed_sps=printed, device=device, failed=failed, log=str(log.relative_to(out)))  # fmt: skip
 
@@ -584,10 +409,8 @@ def plan_runs(pairs, seeds, bf16_pairs):
     plan = []
     for index, seed in enumerate(seeds):
         for name in pairs:
-            flags = PEERS[name]["ours_flags"]
-            ours = [(seed, name, "ours", [(flags, flags)])]
-            if name in bf16_pairs:
-                ours.append((seed, name, "ours", [(f"{flags} {BF16}", f"{flags} {BF16}")]))
+            flags = [OURS_FLAGS] + [f"{OURS_FLAGS} {BF16}"] * (name in bf16_pairs)
+            ours = [(seed, name, "ours", [(variant, variant)]) for variant in flags]
             theirs = [(seed, name, "theirs", PEERS[name]["theirs"])]
             plan += ours + theirs if index % 2 == 0 else theirs + ours
     return plan
@@ -614,8 +437,12 @@ def run_side(name, side, variants, seed, counter, args, copies, out):
     return records
 
 
+def measured(runs):
+    return [run["sps"] for run in runs if run["sps"] is not None]
+
+
 def median_cell(runs):
-    values = [run["sps"] for run in runs if run["sps"] is not None]
+    values = measured(runs)
     if not values:
         return f"failed ({len(runs)} of {len(runs)})"
     cell = f"{statistics.median(values):.1f}"
@@ -629,11 +456,9 @@ def seed_cell(runs, seed):
 
 def ratio(ours, theirs):
     """The ratio of the medians of two sets of runs, in bold; – where either has no sps."""
-    ours_values = [run["sps"] for run in ours if run["sps"] is not None]
-    their_values = [run["sps"] for run in theirs if run["sps"] is not None]
-    if not ours_values or not their_values:
+    if not measured(ours) or not measured(theirs):
         return "–"
-    return f"**{statistics.median(ours_values) / statistics.median(their_values):.2f}x**"
+    return f"**{statistics.median(measured(ours)) / statistics.median(measured(theirs)):.2f}x**"
 
 
 def bf16_line(machine, switch):
@@ -648,12 +473,11 @@ def bf16_line(machine, switch):
 def report(records, pairs, seeds, args, prepared, clones, machine, switch):
     """The markdown of DIR/peers.md; switch: the pairs whose twin has a --bf16 switch."""
     versions = [f"torch {machine['torch']}"]
-    if any(PEERS[name]["repo"] == "cleanrl" for name in pairs):
-        for package in ("jax", "flax", "optax"):
-            try:
-                versions.append(f"{package} {importlib.metadata.version(package)}")
-            except importlib.metadata.PackageNotFoundError:
-                versions.append(f"no {package}")
+    for package in ("jax", "flax", "optax") if any(PEERS[name]["repo"] == "cleanrl" for name in pairs) else ():
+        try:
+            versions.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"no {package}")
     devices = sorted({run.get("device") for run in records if run.get("device")})
     lines = [
         "## Our twins beside their peers",
@@ -682,8 +506,8 @@ def report(records, pairs, seeds, args, prepared, clones, machine, switch):
         peer = PEERS[name]
         budget = peer["tiny"] if args.tiny else peer["budget"]
         runs = [run for run in records if run["pair"] == name]
-        ours = [run for run in runs if (run["side"], run["variant"]) == ("ours", peer["ours_flags"])]
-        ours_bf16 = [run for run in runs if (run["side"], run["variant"]) == ("ours", f"{peer['ours_flags']} {BF16}")]
+        ours = [run for run in runs if (run["side"], run["variant"]) == ("ours", OURS_FLAGS)]
+        ours_bf16 = [run for run in runs if (run["side"], run["variant"]) == ("ours", f"{OURS_FLAGS} {BF16}")]
         for label, _ in peer["theirs"]:
             theirs = [run for run in runs if (run["side"], run["variant"]) == ("theirs", label)]
             if not theirs:
@@ -700,17 +524,13 @@ def report(records, pairs, seeds, args, prepared, clones, machine, switch):
             )
             fallback = " (fallback)" if any(run["fallback"] for run in theirs) else ""
             lines.append(
-                f"| {name} | `{budget}` | `{peer['ours']} {peer['ours_flags']}` "
+                f"| {name} | `{budget}` | `{peer['ours']} {OURS_FLAGS}` "
                 f"| {PEER_REPOS[peer['repo']][0]} {label}{fallback} | {median_cell(ours) if ours else 'not run'} "
                 f"| {median_cell(theirs)} | {ratio(ours, theirs)} | {bf16} | {per_seed} |"
             )
-    failed = [run for run in records if run["failed"]]
-    if failed:
-        lines += ["", "Failed runs:"]
-        lines += [
-            f"- {run['pair']} {run['side']} {run['variant']} seed {run['seed']}: {run['failed']} (`{run['log']}`)"
-            for run in failed
-        ]
+    if failed := [run for run in records if run["failed"]]:
+        lines += ["", "Failed runs:"] + [f"- {run['pair']} {run['side']} {run['variant']} seed {run['seed']}: "
+                                         f"{run['failed']} (`{run['log']}`)" for run in failed]  # fmt: skip
     lines += ["", "Their scripts, as run (edited copies and diffs in `peers/`):", ""]
     lines += ["| pair | script | written against | the clone's file | their sps |", "|---|---|---|---|---|"]
     for name in pairs:
@@ -727,11 +547,6 @@ def report(records, pairs, seeds, args, prepared, clones, machine, switch):
     return "\n".join(lines) + "\n"
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # a user's mistake: one line and exit status 2, as fail() gives
-        fail(message)
-
-
 def words(values):
     """Values given as one quoted string ("1 2 3") or as separate words, as one list."""
     return [word for value in values for word in value.split()]
@@ -739,32 +554,25 @@ def words(values):
 
 def parse_args():
     parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--leanrl", type=Path, metavar="PATH", help="a clone of " + PEER_REPOS["leanrl"][1])
-    parser.add_argument("--cleanrl", type=Path, metavar="PATH", help="a clone of " + PEER_REPOS["cleanrl"][1])
-    parser.add_argument(
-        "--pairs", nargs="+", default=list(PEERS), help="pairs to run (default all): " + ", ".join(PEERS)
-    )
-    parser.add_argument("--seeds", nargs="+", default=["1 2 3"], help='seeds, e.g. "1 2 3" (default)')
-    parser.add_argument("--out", type=Path, metavar="DIR", help="where to write (default: runs/peers/<date>_<time>)")
-    parser.add_argument("--ours", type=Path, default=REPO_ROOT / "leanrl", help="our scripts' folder (default leanrl/)")
-    parser.add_argument("--tiny", action="store_true", help="a few hundred steps per run: checks that all runs here")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take (default 1800)")
-    parser.add_argument("--apply-only", action="store_true", help="only write the edited copies into DIR/peers/")
+    add = parser.add_argument
+    add("--leanrl", type=Path, metavar="PATH", help="a clone of " + PEER_REPOS["leanrl"][1])
+    add("--cleanrl", type=Path, metavar="PATH", help="a clone of " + PEER_REPOS["cleanrl"][1])
+    add("--pairs", nargs="+", default=list(PEERS), help="pairs to run (default all): " + " ".join(PEERS))
+    add("--seeds", nargs="+", default=["1 2 3"], help='seeds, e.g. "1 2 3" (default)')
+    add("--out", type=Path, metavar="DIR", help="where to write (default: runs/peers/<date>_<time>)")
+    add("--ours", type=Path, default=REPO_ROOT / "leanrl", help="our scripts' folder (default leanrl/)")
+    add("--tiny", action="store_true", help="a few hundred steps per run: checks that all runs here")
+    add("--timeout", type=float, default=1800.0, help="seconds a run may take (default 1800)")
+    add("--apply-only", action="store_true", help="only write the edited copies into DIR/peers/")
     args = parser.parse_args()
 
-    pairs = words(args.pairs)
-    if not pairs:
-        fail("no pairs in --pairs")
-    for name in pairs:
-        if name not in PEERS:
-            fail(f"no pair {name!r}; the pairs: {', '.join(PEERS)}")
-    pairs = list(dict.fromkeys(pairs))
-    seeds = words(args.seeds)
-    if not seeds:
-        fail("no seeds in --seeds")
-    for seed in seeds:
-        if not seed.isdigit():
-            fail(f"seed {seed!r} is not a non-negative integer")
+    pairs, seeds = list(dict.fromkeys(words(args.pairs))), words(args.seeds)
+    if not pairs or not seeds:
+        fail("no pairs in --pairs" if not pairs else "no seeds in --seeds")
+    if unknown := [name for name in pairs if name not in PEERS]:
+        fail(f"no pair {unknown[0]!r}; the pairs: {', '.join(PEERS)}")
+    if bad := [seed for seed in seeds if not seed.isdigit()]:
+        fail(f"seed {bad[0]!r} is not a non-negative integer")
     if len(set(seeds)) < len(seeds):
         fail("a seed is given twice in --seeds")
     if not args.timeout > 0:
@@ -774,9 +582,8 @@ def parse_args():
         clone = getattr(args, key)
         if clone is None:
             named = [name for name in pairs if PEERS[name]["repo"] == key]
-            fail(
-                f"{' '.join(named)} need{'s' if len(named) == 1 else ''} --{key} PATH, a clone of {PEER_REPOS[key][1]}"
-            )
+            s = "s" if len(named) == 1 else ""
+            fail(f"{' '.join(named)} need{s} --{key} PATH, a clone of {PEER_REPOS[key][1]}")
         if not clone.is_dir():
             fail(f"--{key} {clone}: no such folder")
         clones[key] = clone.resolve()
@@ -792,9 +599,7 @@ def parse_args():
 
 def main():
     args, pairs, seeds, clones, out = parse_args()
-    prepared = prepare(pairs, clones)
-    if not args.apply_only:
-        check_imports(prepared)
+    prepared = prepare(pairs, clones, check_imports=not args.apply_only)
     copies = write_copies(prepared, out)
     print(f"edited copies: {out / 'peers'}/ ({len(copies)} scripts, each with its .diff)")
     if args.apply_only:

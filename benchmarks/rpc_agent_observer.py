@@ -1,47 +1,24 @@
 """Serving a policy to many envs over torch.distributed.rpc (an agent and its observers) beside one process that steps
-every env and runs the policy once per step on the whole batch (what the scripts here do).
+every env and runs the policy once per step on the whole batch (what the scripts here do); docs/rpc.md has the table.
 
     python benchmarks/rpc_agent_observer.py                                   # a world of 10: 8 observers, batch on
     python benchmarks/rpc_agent_observer.py --world-size 3,4,5,6,7,8,9 --batch on,off --out docs/rpc
+    python benchmarks/rpc_agent_observer.py --world-size 3,6,9 --transport auto,tcp --out docs/rpc/tcp
     python benchmarks/rpc_agent_observer.py --markdown docs/rpc/rpc_agent_observer.json   # the table, again
 
-The RPC world, on this machine only (127.0.0.1): rank 0 is the coordinator, rank 1 the agent, ranks 2 and up the
-observers, so --world-size is the observers plus 2 and at least 3. The agent holds the policy: an MLP from the
-flattened state (--state-size 10-20-10 is a state of shape 10x20x10) through --nlayers hidden layers of
---out-features units to --out-features action scores, a softmax and a sampled action. Each observer holds a dummy
-env (a random state of that shape and a random reward per step) and, every step, sends its state to the agent with
-rpc_sync and waits for the action. The coordinator runs --episodes episodes of --episode-steps steps: it starts one
-episode on every observer and waits for all of them. With --batch on, the agent holds each request until every
-observer's state of that step has arrived, then runs them through the policy in one forward (the batch is the number
-of observers); with --batch off, it serves one request at a time, one forward each. TensorPipe carries the RPCs: with
---transport auto as it chooses (between processes of one machine, shared memory), with --transport tcp over TCP on
-loopback, as it would between machines (less the network's own latency).
-
-The in-process mode runs the same policy (same weights) over the same dummy envs (same states) and steps in this
-process: each step stacks every env's state, runs one forward and hands each env its action, as a vector env does.
-
-Metrics, at p50, p75, p90 and p95 over every forward or request of the measured episodes (a warm-up episode of
---warmup-steps steps goes first and is not counted):
-- agent latency: RPC, batch on: from the first state of a batch reaching the agent to that batch's actions; batch off:
-  one request's forward and sampling (the agent serves one at a time); in process: the forward and sampling;
-- agent throughput: states per forward / agent latency, per forward;
-- observer latency: RPC: from an observer sending its state to it holding the action; in process: from stacking the
-  states to every env holding its action; observer throughput: 1 / observer latency;
-- forward: the policy's forward and sampling alone (batch on: without the wait for the batch to fill);
-- states per forward (mean): the batch the policy actually saw; env steps/s: env steps of the measured episodes over
-  their wall time (the coordinator's clock: each episode from its start on every observer to its end on the last).
-The in-process mode has no batch to turn off and no transport: it runs once per configuration apart from --batch and
---transport, and a sweep of --batch on,off gives both RPC worlds the same in-process figures. Every process runs
-torch on one thread. The JSON (--out DIR/rpc_agent_observer.json) holds each world's figures and the machine and its
-load; the plot (DIR/rpc_agent_observer.png) draws the p50s against the swept argument.
-
-Any of --world-size, --batch, --transport, --state-size, --nlayers, --out-features, --episodes and --episode-steps
-takes a comma-separated list: every combination runs, one world after another, each on --master-port (checked free
-before each world). The plot's x axis is --world-size when it is a list, else the first listed argument; the other
-combinations are separate lines. docs/rpc.md has the table of this machine and what it means.
+On 127.0.0.1: rank 0 coordinates, rank 1 is the agent (PyTorch's RPC RL benchmark's policy, an MLP from a 10x20x10
+state), ranks 2 and up are observers (a dummy env each: a random state and reward a step) that send their state with
+rpc_sync every step and wait for the action; a warm-up episode, then --episodes of --episode-steps steps. --batch on:
+the agent answers a step's requests from one forward once every observer's state is in; off: one at a time.
+--transport auto: TensorPipe's choice (shared memory); tcp: TCP on loopback, as between machines. In process: the
+same policy, envs and steps, one forward per step on every env's state as a vector env does (once per world size).
+One torch thread per process. Figures at p50, p75, p90, p95: agent latency and throughput (states over latency,
+forward by forward), observer latency and throughput, the forward alone; states per forward; env steps/s. Lists run
+every combination, one world after another, into DIR/rpc_agent_observer.json and .png (--out DIR).
 """
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -58,67 +35,43 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed.rpc as rpc
+from common import Parser, describe_machine, fail, machine_text  # benchmarks/ is on the path when this file runs
 
 TOOL = Path(__file__).name
 PERCENTILES = (50, 75, 90, 95)
 METRICS = ("agent_latency_s", "agent_throughput", "observer_latency_s", "observer_throughput")
-SWEEPABLE = ("world_size", "batch", "transport", "state_size", "nlayers", "out_features", "episodes", "episode_steps")
-RPC_ONLY = ("batch", "transport")  # the in-process mode has neither
+LISTED = ("world_size", "batch", "transport")  # the arguments that take a list
+# PyTorch's benchmark's policy and its warm-up: the same in every world and in process
+FIXED = {"state_size": (10, 20, 10), "nlayers": 5, "out_features": 10, "warmup_steps": 10, "seed": 1}
 AGENT = "agent"
-MIN_WORLD_SIZE = 3  # coordinator, agent, one observer
-
-
-def fail(message):
-    """A user's mistake: one line on stderr, exit status 2 (speedup_table's helper, imported here only: it imports
-    matplotlib, which the RPC workers, importing this file again, need not load)."""
-    from speedup_table import fail as fail_  # benchmarks/ is on the path when this file runs
-
-    fail_(message)
+ROLE = None  # in a worker: the agent, or an observer's (index, env, the agent's function it calls)
 
 
 class Interrupted(Exception):
-    """Ctrl-C or SIGTERM reached the launcher: stop every worker and exit 128 + the signal."""
-
-    def __init__(self, signum):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-# --- The policy, the dummy env and the percentiles: the same code in both modes --------------------------------------
-
-
-class Policy(torch.nn.Module):
-    def __init__(self, state_size, nlayers, out_features):
-        super().__init__()
-        layers = [torch.nn.Flatten(1), torch.nn.Linear(math.prod(state_size), out_features)]
-        for _ in range(nlayers):
-            layers += [torch.nn.ReLU(), torch.nn.Linear(out_features, out_features)]
-        self.net = torch.nn.Sequential(*layers)
-
-    @torch.inference_mode()
-    def act(self, states):
-        """One action per state: a sample from the softmax of the action scores."""
-        probs = torch.softmax(self.net(states), dim=-1)
-        return torch.multinomial(probs, 1).squeeze(1)
+    """Ctrl-C or SIGTERM (its number the argument) reached the launcher: stop every worker, exit 128 + the signal."""
 
 
 def make_policy(config):
     torch.manual_seed(config["seed"])  # the same weights in the agent and in process
-    return Policy(config["state_size"], config["nlayers"], config["out_features"])
+    width = config["out_features"]
+    layers = [torch.nn.Flatten(1), torch.nn.Linear(math.prod(config["state_size"]), width)]
+    for _ in range(config["nlayers"]):
+        layers += [torch.nn.ReLU(), torch.nn.Linear(width, width)]
+    return torch.nn.Sequential(*layers)
 
 
-class DummyEnv:
-    """An env that costs next to nothing: a random state of the given shape and a random reward per step."""
+@torch.inference_mode()
+def act(policy, states):
+    """One action per state: a sample from the softmax of the action scores."""
+    return torch.multinomial(torch.softmax(policy(states), dim=-1), 1).squeeze(1).tolist()
 
-    def __init__(self, state_size, seed):
-        self.generator = torch.Generator().manual_seed(seed)
-        self.state_size = state_size
-        self.state = torch.rand(state_size, generator=self.generator)
-        self.reward_sum = 0.0
 
-    def step(self, action):
-        self.state = torch.rand(self.state_size, generator=self.generator)
-        self.reward_sum += float(torch.rand((), generator=self.generator))
+def dummy_env(config, index):
+    """An env that costs next to nothing, whatever the action: each step a random state and a random reward."""
+    generator = torch.Generator().manual_seed(config["seed"] + 1 + index)
+    while True:
+        yield torch.rand(config["state_size"], generator=generator)
+        torch.rand((), generator=generator)  # the reward
 
 
 def percentiles(values):
@@ -127,106 +80,71 @@ def percentiles(values):
 
 
 def summary(agent_latencies, forward_s, batch_sizes, observer_latencies, env_steps, wall_s):
-    agent_latencies, batch_sizes = np.asarray(agent_latencies), np.asarray(batch_sizes)
-    observer_latencies = np.asarray(observer_latencies)
-    return {
-        "agent_latency_s": percentiles(agent_latencies),
-        "agent_throughput": percentiles(batch_sizes / agent_latencies),
-        "observer_latency_s": percentiles(observer_latencies),
-        "observer_throughput": percentiles(1 / observer_latencies),
-        "forward_s": percentiles(forward_s),
-        "forwards": int(len(batch_sizes)),
-        "states": int(batch_sizes.sum()),
-        "states_per_forward": float(batch_sizes.mean()),
-        "env_steps": int(env_steps),
-        "wall_s": wall_s,
-        "env_steps_per_s": env_steps / wall_s,
-    }
-
-
-# --- In process: every env stepped here, one forward per step on the whole batch --------------------------------------
+    """A world's figures; the throughputs are taken forward by forward (request by request), then their percentiles."""
+    agent, batch, observer = (np.asarray(values) for values in (agent_latencies, batch_sizes, observer_latencies))
+    return dict(agent_latency_s=percentiles(agent), agent_throughput=percentiles(batch / agent),
+                observer_latency_s=percentiles(observer), observer_throughput=percentiles(1 / observer),
+                forward_s=percentiles(forward_s), forwards=len(batch), states=int(batch.sum()),
+                states_per_forward=float(batch.mean()), env_steps=int(env_steps), wall_s=wall_s,
+                env_steps_per_s=env_steps / wall_s)  # fmt: skip
 
 
 def run_in_process(config):
+    """Every env stepped here, one forward per step on the whole batch."""
     torch.set_num_threads(1)  # as each RPC worker
-    policy = make_policy(config)
-    observers = config["world_size"] - 2
-    envs = [DummyEnv(config["state_size"], config["seed"] + 1 + index) for index in range(observers)]
-    agent_latencies, observer_latencies, wall_s = [], [], 0.0
+    policy, observers = make_policy(config), config["world_size"] - 2
+    envs = [dummy_env(config, index) for index in range(observers)]
+    forward_s, observer_latencies, wall_s = [], [], 0.0
     for episode in range(config["episodes"] + 1):  # episode 0: the warm-up
-        steps = config["warmup_steps"] if episode == 0 else config["episode_steps"]
         episode_start = time.perf_counter()
-        for _ in range(steps):
+        for _ in range(config["episode_steps"] if episode else config["warmup_steps"]):
+            states = [next(env) for env in envs]  # the envs' step
             start = time.perf_counter()
-            states = torch.stack([env.state for env in envs])
+            states = torch.stack(states)
             forward_start = time.perf_counter()
-            actions = policy.act(states)
-            forward_end = time.perf_counter()
-            actions = actions.tolist()
+            act(policy, states)  # the actions, handed to the envs
             end = time.perf_counter()
-            for env, action in zip(envs, actions, strict=True):
-                env.step(action)
             if episode:
-                agent_latencies.append(forward_end - forward_start)  # the forward is all the agent does here
+                forward_s.append(end - forward_start)  # the forward is all the agent does here
                 observer_latencies.append(end - start)
-        if episode:
-            wall_s += time.perf_counter() - episode_start
-    steps = config["episodes"] * config["episode_steps"]
-    batch_sizes = [observers] * len(agent_latencies)
-    return summary(agent_latencies, agent_latencies, batch_sizes, observer_latencies, steps * observers, wall_s)
+        wall_s += (time.perf_counter() - episode_start) if episode else 0.0
+    env_steps = config["episodes"] * config["episode_steps"] * observers
+    return summary(forward_s, forward_s, [observers] * len(forward_s), observer_latencies, env_steps, wall_s)
 
 
 # --- The RPC world: what each role does in its own process ------------------------------------------------------------
 
-ROLE = None  # this process's Agent or Observer, for the functions the others call on it by RPC
-
 
 class Agent:
     def __init__(self, config):
-        self.policy = make_policy(config)
-        self.observers = config["world_size"] - 2
+        self.policy, self.observers = make_policy(config), config["world_size"] - 2
         self.states = torch.zeros(self.observers, *config["state_size"])
-        self.lock = threading.Lock()
-        self.waiting = []  # (observer index, future) of the requests held for the batch
-        self.batch_start = None
-        self.latencies, self.forward_s, self.batch_sizes = [], [], []
+        self.lock, self.waiting, self.batch_start = threading.Lock(), [], None  # waiting: (observer, future) held
+        self.metrics = [], [], []  # per forward: the agent's latency, the forward alone, the states
+
+    def forward(self, states, start=None):
+        forward_start = time.perf_counter()
+        actions = act(self.policy, states)
+        end = time.perf_counter()
+        latency = end - (start or forward_start)
+        for values, value in zip(self.metrics, (latency, end - forward_start, len(actions)), strict=True):
+            values.append(value)
+        return actions
 
     def submit(self, index, state):
         """Batch on: hold the request until every observer's state has arrived, then serve them all in one forward."""
         future = torch.futures.Future()
         with self.lock:
-            if not self.waiting:
-                self.batch_start = time.perf_counter()
+            self.batch_start = self.batch_start if self.waiting else time.perf_counter()
             self.states[index].copy_(state)
             self.waiting.append((index, future))
             if len(self.waiting) < self.observers:
                 return future
-            forward_start = time.perf_counter()
-            actions = self.policy.act(self.states).tolist()
-            end = time.perf_counter()
-            self.latencies.append(end - self.batch_start)
-            self.forward_s.append(end - forward_start)
-            self.batch_sizes.append(len(self.waiting))
+            actions = self.forward(self.states, self.batch_start)
             served, self.waiting = self.waiting, []
         for observer, waiting in served:
             waiting.set_result(actions[observer])
         return future
-
-    def serve_one(self, state):
-        """Batch off: one request at a time, one forward each."""
-        with self.lock:
-            start = time.perf_counter()
-            action = self.policy.act(state.unsqueeze(0)).item()
-            self.latencies.append(time.perf_counter() - start)
-            self.forward_s.append(self.latencies[-1])
-            self.batch_sizes.append(1)
-        return action
-
-    def take_metrics(self):
-        with self.lock:
-            metrics = self.latencies, self.forward_s, self.batch_sizes
-            self.latencies, self.forward_s, self.batch_sizes = [], [], []
-        return metrics
 
 
 @rpc.functions.async_execution
@@ -235,91 +153,66 @@ def select_action_batched(index, state):
 
 
 def select_action_one(index, state):
-    return ROLE.serve_one(state)
+    with ROLE.lock:  # batch off: one request at a time, one forward each
+        return ROLE.forward(state.unsqueeze(0))[0]
 
 
 def agent_metrics():
-    return ROLE.take_metrics()
-
-
-class Observer:
-    def __init__(self, config, index):
-        self.index = index
-        self.env = DummyEnv(config["state_size"], config["seed"] + 1 + index)
-        self.select_action = select_action_batched if config["batch"] else select_action_one
-
-    def episode(self, steps):
-        latencies = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            action = rpc.rpc_sync(AGENT, self.select_action, args=(self.index, self.env.state))
-            latencies.append(time.perf_counter() - start)
-            self.env.step(action)
-        return latencies
+    with ROLE.lock:
+        metrics, ROLE.metrics = ROLE.metrics, ([], [], [])
+    return metrics
 
 
 def observer_episode(steps):
-    return ROLE.episode(steps)
+    index, env, select_action = ROLE
+    latencies = []
+    for state in itertools.islice(env, steps):
+        start = time.perf_counter()
+        rpc.rpc_sync(AGENT, select_action, args=(index, state))  # the action, handed to the env
+        latencies.append(time.perf_counter() - start)
+    return latencies
 
 
 def coordinate(config, result_path):
     observers = [f"observer{index}" for index in range(config["world_size"] - 2)]
     observer_latencies, wall_s = [], 0.0
     for episode in range(config["episodes"] + 1):  # episode 0: the warm-up
-        steps = config["warmup_steps"] if episode == 0 else config["episode_steps"]
         start = time.perf_counter()
-        # an episode may run longer than --rpc-timeout, which bounds each step's RPC: no timeout of its own (0), the
-        # launcher's --timeout bounds the world, and an observer's failure fails its future
+        steps = config["episode_steps"] if episode else config["warmup_steps"]
+        # no timeout of an episode's own (0): --rpc-timeout bounds each step's RPC, --timeout the world
         futures = [rpc.rpc_async(name, observer_episode, args=(steps,), timeout=0) for name in observers]
-        latencies = [future.wait() for future in futures]
+        latencies = [latency for future in futures for latency in future.wait()]
         if episode == 0:
             rpc.rpc_sync(AGENT, agent_metrics)  # the warm-up's forwards, dropped
             continue
         wall_s += time.perf_counter() - start
-        observer_latencies += [latency for one in latencies for latency in one]
-    agent_latencies, forward_s, batch_sizes = rpc.rpc_sync(AGENT, agent_metrics)
+        observer_latencies += latencies
     env_steps = config["episodes"] * config["episode_steps"] * len(observers)
-    result = summary(agent_latencies, forward_s, batch_sizes, observer_latencies, env_steps, wall_s)
-    Path(result_path).write_text(json.dumps(result))
+    figures = summary(*rpc.rpc_sync(AGENT, agent_metrics), observer_latencies, env_steps, wall_s)
+    Path(result_path).write_text(json.dumps(figures))
 
 
-def is_running(pid):
-    """Whether a process runs: a killed one that its parent has not reaped yet (a zombie) does not."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):  # gone, or no /proc
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
-
-
-def watch_launcher(launcher):
-    """A worker whose launcher is gone (killed) exits instead of waiting on RPCs that will not come: its forkserver
-    parent outlives the launcher as long as a worker holds the forkserver's pipe."""
-    while is_running(launcher):
-        time.sleep(0.5)
+def exit_with(launcher):
+    """A worker whose launcher is gone (killed) exits instead of waiting on RPCs that will not come: the launcher holds
+    the pipe's other end, which closes as it dies (the forkserver, the workers' parent, may outlive it)."""
+    with contextlib.suppress(EOFError, OSError):
+        launcher.recv()
     os._exit(1)
 
 
 def worker(rank, config, port, launcher, result_path, others_done):
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # held while the launcher started the workers
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # blocked already (see run_rpc_world); the launcher stops us
-    threading.Thread(target=watch_launcher, args=(launcher,), daemon=True).start()
+    threading.Thread(target=exit_with, args=(launcher,), daemon=True).start()
     # rpc's init and shutdown gather their workers' names through a process group the way torch now warns about
     warnings.filterwarnings("ignore", message="You are using a Backend", category=UserWarning)
     torch.set_num_threads(1)
     global ROLE
-    name = "coordinator" if rank == 0 else AGENT if rank == 1 else f"observer{rank - 2}"
     if rank == 1:
         ROLE = Agent(config)
     elif rank >= 2:
-        ROLE = Observer(config, rank - 2)
-    # tcp: TensorPipe's TCP transport (libuv) and its basic channel, which sends tensors over that connection, as
-    # between machines; auto: its own choice (on one machine, shared memory)
+        ROLE = rank - 2, dummy_env(config, rank - 2), select_action_batched if config["batch"] else select_action_one
+    # tcp: TensorPipe's TCP transport (libuv) and its basic channel, tensors over that connection, as between machines
     tcp = {"_transports": ["uv"], "_channels": ["basic"]} if config["transport"] == "tcp" else {}
     options = rpc.TensorPipeRpcBackendOptions(
         init_method=f"tcp://127.0.0.1:{port}",
@@ -327,6 +220,7 @@ def worker(rank, config, port, launcher, result_path, others_done):
         num_worker_threads=max(16, config["world_size"] + 4),  # batch off: a blocked thread per waiting observer
         **tcp,
     )
+    name = "coordinator" if rank == 0 else AGENT if rank == 1 else f"observer{rank - 2}"
     rpc.init_rpc(name, rank=rank, world_size=config["world_size"], rpc_backend_options=options)
     try:
         if rank == 0:
@@ -354,10 +248,8 @@ def stop(processes, wait_s):
         running = [process for process in processes if process.is_alive()]
         for sig in (signal.SIGSTOP, signal.SIGTERM, signal.SIGCONT):  # a stopped process dies as it continues
             for process in running:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, sig)
-                except ProcessLookupError:
-                    pass
         for process in running:
             process.join(timeout=5)
             if process.is_alive():
@@ -368,21 +260,18 @@ def stop(processes, wait_s):
 
 
 def run_rpc_world(config, port, timeout_s):
-    """Spawns the world's processes and returns the coordinator's figures; None and a reason if it fails."""
+    """Starts the world's processes and returns the coordinator's figures; None and a reason if it fails."""
     # forkserver: a server process imports torch once and forks each worker from it, ready to run; spawned workers
     # would each import torch again (seconds each on a loaded 2-core machine, against a second for all the steps)
     context = torch.multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "torch.distributed.rpc", "numpy"])
     with tempfile.TemporaryDirectory(prefix="rpc_agent_observer_") as folder:
-        result_path = Path(folder) / "result.json"
-        others_done = context.Event()
+        result_path, others_done = Path(folder) / "result.json", context.Event()
         wait_s = 5  # for a finished world's workers to exit, or for the others once one has failed
-        processes = [
-            context.Process(
-                target=worker, args=(rank, config, port, os.getpid(), str(result_path), others_done), daemon=True
-            )
-            for rank in range(config["world_size"])
-        ]
+        launcher, held = context.Pipe(duplex=False)  # held open here while the world runs
+        arguments = (config, port, launcher, str(result_path), others_done)
+        processes = [context.Process(target=worker, args=(rank, *arguments), daemon=True)
+                     for rank in range(config["world_size"])]  # fmt: skip
         try:
             # Ctrl-C reaches the terminal's whole process group: the workers start with SIGINT blocked (a child
             # keeps its parent's signal mask), so only the launcher sees it, and stops them. SIGTERM too is held
@@ -399,8 +288,7 @@ def run_rpc_world(config, port, timeout_s):
                 codes = [process.exitcode for process in processes]
                 failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
                 if failed:
-                    rank, code = failed[0]
-                    return None, f"rank {rank} exited with status {code}"
+                    return None, "rank {} exited with status {}".format(*failed[0])
                 if all(code == 0 for code in codes[1:]):
                     others_done.set()
                 if all(code == 0 for code in codes):
@@ -416,148 +304,65 @@ def run_rpc_world(config, port, timeout_s):
             raise
         finally:
             stop(processes, wait_s)
+            held.close()
+            launcher.close()
 
 
-def port_is_free(port):
+def check_port(port):
+    """A user's error unless port is free on 127.0.0.1."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store's listener: TIME_WAIT is no owner
         try:
             probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+        except (OSError, OverflowError):
+            fail(f"--master-port {port}: not a port free on 127.0.0.1 (pick another)")
 
 
-def parse_list(flag, text, parse_one):
-    items = text.split(",")
-    if any(not item.strip() for item in items):
-        fail(f"{flag} {text!r}: an empty item in the comma-separated list")
-    values = [parse_one(item.strip()) for item in items]
-    if len(set(map(str, values))) != len(values):
-        fail(f"{flag} {text!r}: a value is listed twice")
-    return values
+# --- The command line, the table and the plot -------------------------------------------------------------------------
 
 
-def positive_int(flag, minimum=1):
-    def parse(item):
-        try:
-            value = int(item)
-        except ValueError:
-            fail(f"{flag}: {item!r} is not a whole number")
-        if value < minimum:
-            fail(f"{flag}: {value} is below {minimum}" + (f" ({WHY_MIN_WORLD})" if flag == "--world-size" else ""))
-        return value
+def listed(flag, choices=None):
+    """An argparse type: a comma-separated list, none empty or twice, of choices (text: value) or world sizes."""
+
+    def parse(text):
+        items = [item.strip().lower() for item in text.split(",")]
+        if not all(items) or len(set(items)) < len(items):
+            fail(f"{flag} {text!r}: an empty item or one listed twice")
+        for item in items:
+            if choices is None and not (item.isdigit() and int(item) >= 3):
+                fail(f"{flag}: {item!r} is not a whole number of at least 3 (a coordinator, the agent, an observer)")
+            if choices is not None and item not in choices:
+                fail(f"{flag}: {item!r} is not {' or '.join(choices)}")
+        return [int(item) if choices is None else choices[item] for item in items]
 
     return parse
 
 
-WHY_MIN_WORLD = "the world needs a coordinator, the agent and at least one observer"
-
-
-def on_off(item):
-    values = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
-    if item.lower() not in values:
-        fail(f"--batch: {item!r} is not on or off")
-    return values[item.lower()]
-
-
-def transport(item):
-    if item not in ("auto", "tcp"):
-        fail(f"--transport: {item!r} is not auto or tcp")
-    return item
-
-
-def state_size(item):
-    dims = item.split("-")
-    if not all(dim.isdigit() and int(dim) > 0 for dim in dims):
-        fail(f"--state-size: {item!r} is not a shape of positive sizes joined by '-', e.g. 10-20-10")
-    return tuple(int(dim) for dim in dims)
-
-
-def worlds(args):
-    """The configurations to run, every combination of the listed values, and the names of the listed arguments."""
-    lists = {
-        "world_size": parse_list("--world-size", args.world_size, positive_int("--world-size", MIN_WORLD_SIZE)),
-        "batch": parse_list("--batch", args.batch, on_off),
-        "transport": parse_list("--transport", args.transport, transport),
-        "state_size": parse_list("--state-size", args.state_size, state_size),
-        "nlayers": parse_list("--nlayers", args.nlayers, positive_int("--nlayers", 0)),
-        "out_features": parse_list("--out-features", args.out_features, positive_int("--out-features")),
-        "episodes": parse_list("--episodes", args.episodes, positive_int("--episodes")),
-        "episode_steps": parse_list("--episode-steps", args.episode_steps, positive_int("--episode-steps")),
-    }
-    swept = [name for name in SWEEPABLE if len(lists[name]) > 1]
-    fixed = {
-        "warmup_steps": args.warmup_steps,
-        "seed": args.seed,
-        "rpc_timeout": args.rpc_timeout,
-        "world_timeout": args.timeout,
-    }
-    configs = [dict(zip(SWEEPABLE, values, strict=True), **fixed) for values in itertools.product(*lists.values())]
-    return configs, swept
-
-
 def label(name, value):
-    if name == "batch":
-        return "on" if value else "off"
-    if name == "state_size":
-        return "-".join(map(str, value))
-    return str(value)
-
-
-# --- Reading the figures back: the markdown table and the plot --------------------------------------------------------
-
-
-def in_process_key(config):
-    """The in-process mode runs one forward per step whatever --batch says: one run per configuration apart from it."""
-    return tuple(label(name, config[name]) for name in SWEEPABLE if name not in RPC_ONLY)
-
-
-def groups(report):
-    """[(rows of the RPC worlds, their in-process figures)], one per configuration apart from --batch, in order."""
-    found = {}
-    for row in report["rows"]:
-        found.setdefault(in_process_key(row["config"]), ([], row["in_process"]))[0].append(row)
-    return list(found.values())
+    return ("off", "on")[value] if name == "batch" else str(value)
 
 
 def markdown(report):
-    """The docs' table: each RPC world, then the in-process run of the same configuration; p50 and p95 of each metric
-    (the JSON has p75 and p90 too)."""
-    swept = [name for name in report["swept"] if name not in ("world_size", "batch")]
-    header = ["world size", "observers", "mode", "batch", *swept, "states per forward", "forward ms p50"]
-    header += [
-        "agent latency ms p50 / p95",
-        "agent throughput p50 / p95",
-        "observer latency ms p50 / p95",
-        "observer throughput p50 / p95",
-        "env steps/s",
-    ]
+    """The docs' table: per world size, each RPC world, then the in-process run; p50 and p95 of each metric (the JSON
+    has p75 and p90 too); a transport column where several were listed."""
+    shown = ["transport"] if "transport" in report["swept"] else []
+    header = ["world size", "observers", "mode", "batch", *shown, "states per forward", "forward ms p50",
+              "agent latency ms p50 / p95", "agent throughput p50 / p95", "observer latency ms p50 / p95",
+              "observer throughput p50 / p95", "env steps/s"]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for rows, in_process in groups(report):
-        modes = [("RPC agent/observer", row["config"], row["rpc"]) for row in rows]
-        modes.append(("in-process batch", None, in_process))  # no batch to turn off, no transport
-        for mode, config, figures in modes:
-
-            def pair(metric, scale=1.0, digits=0, figures=figures):
-                low, high = figures[metric]["p50"] * scale, figures[metric]["p95"] * scale
-                return f"{low:.{digits}f} / {high:.{digits}f}"
-
-            def cell(name, config=config):
-                return label(name, config[name]) if config or name not in RPC_ONLY else "–"
-
-            world_size = rows[0]["config"]["world_size"]
-            cells = [str(world_size), str(world_size - 2), mode, cell("batch")]
-            cells += [label(name, rows[0]["config"][name]) if name not in RPC_ONLY else cell(name) for name in swept]
-            cells += [f"{figures['states_per_forward']:.1f}", f"{figures['forward_s']['p50'] * 1e3:.3f}"]
-            cells += [
-                pair("agent_latency_s", 1e3, 3),
-                pair("agent_throughput"),
-                pair("observer_latency_s", 1e3, 3),
-                pair("observer_throughput"),
-                f"{figures['env_steps_per_s']:.0f}",
-            ]
-            lines.append("| " + " | ".join(cells) + " |")
+    worlds = {}
+    for row in report["rows"]:
+        worlds.setdefault(row["config"]["world_size"], []).append(row)
+    for size, rows in worlds.items():
+        modes = [("RPC agent/observer", [label(name, row["config"][name]) for name in ["batch", *shown]], row["rpc"])
+                 for row in rows] + [("in-process batch", ["–"] * (1 + len(shown)), rows[0]["in_process"])]  # fmt: skip
+        for mode, settings, figures in modes:
+            cells = [str(size), str(size - 2), mode, *settings, f"{figures['states_per_forward']:.1f}",
+                     f"{figures['forward_s']['p50'] * 1e3:.3f}"]  # fmt: skip
+            for metric in METRICS:  # latencies in ms to 3 decimals, throughputs to units
+                scale, digits = (1e3, 3) if metric.endswith("_s") else (1, 0)
+                cells.append(" / ".join(f"{figures[metric][p] * scale:.{digits}f}" for p in ("p50", "p95")))
+            lines.append("| " + " | ".join([*cells, f"{figures['env_steps_per_s']:.0f}"]) + " |")
     return "\n".join(lines)
 
 
@@ -567,50 +372,31 @@ def plot(report, path):
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 
-    swept = report["swept"]
-    x_name = "world_size" if "world_size" in swept or not swept else swept[0]
-    categorical = x_name in ("batch", "transport", "state_size")
-    ticks = list(dict.fromkeys(label(x_name, row["config"][x_name]) for row in report["rows"]))
-
-    def x_of(row):
-        return ticks.index(label(x_name, row["config"][x_name])) if categorical else row["config"][x_name]
-
-    # a line per combination of the other listed values: RPC for each --batch, in process once (it has no batch off)
-    lines = {}  # (mode, other values) -> [(x, figures)]
-    for mode in ("rpc", "in_process"):
-        for row in report["rows"]:
-            names = [name for name in swept if name != x_name and (mode == "rpc" or name not in RPC_ONLY)]
-            key = (mode, tuple(f"{name.replace('_', ' ')} {label(name, row['config'][name])}" for name in names))
-            points = lines.setdefault(key, [])
-            if x_of(row) not in [x for x, _ in points]:
-                points.append((x_of(row), row[mode]))
-    panels = [
-        ("agent_latency_s", "agent latency (s)"),
-        ("agent_throughput", "agent throughput (states/s)"),
-        ("observer_latency_s", "observer latency (s)"),
-        ("observer_throughput", "observer throughput (requests/s)"),
-        ("env_steps_per_s", "env steps/s (all observers)"),
-        ("states_per_forward", "states per forward (mean)"),
-    ]
+    lines = {}  # legend -> {world size: figures}: RPC per listed --batch and --transport, in process once
+    for row in report["rows"]:
+        config = row["config"]
+        others = [name for name in report["swept"] if name != "world_size"]
+        rpc_line = "RPC" + "".join(f", {name} {label(name, config[name])}" for name in others)
+        lines.setdefault(rpc_line, {})[config["world_size"]] = row["rpc"]
+        lines.setdefault("in process", {})[config["world_size"]] = row["in_process"]
+    lines["in process"] = lines.pop("in process")  # drawn after the RPC lines
+    titles = {"agent_latency_s": "agent latency (s)", "agent_throughput": "agent throughput (states/s)",
+              "observer_latency_s": "observer latency (s)", "observer_throughput": "observer throughput (requests/s)",
+              "env_steps_per_s": "env steps/s (all observers)",
+              "states_per_forward": "states per forward (mean)"}  # fmt: skip
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
     colors = plt.get_cmap("tab10").colors
-    for ax, (metric, title) in zip(axes.flat, panels, strict=True):
-        for index, ((mode, values), points) in enumerate(lines.items()):
-            xs = [x for x, _ in points]
-            legend = ("RPC" if mode == "rpc" else "in process") + "".join(f", {value}" for value in values)
-            style = "-o" if mode == "rpc" else "--s"
+    for ax, (metric, title) in zip(axes.flat, titles.items(), strict=True):
+        for index, (legend, points) in enumerate(lines.items()):
+            style = dict(fmt="--s" if legend == "in process" else "-o", color=colors[index % 10], label=legend)
             if metric in METRICS:
-                p50 = [figures[metric]["p50"] for _, figures in points]
-                p95 = [figures[metric]["p95"] for _, figures in points]
-                ax.plot(xs, p50, style, color=colors[index % 10], label=legend)
-                ax.fill_between(xs, p50, p95, color=colors[index % 10], alpha=0.12)
+                p50, p95 = ([figures[metric][p] for figures in points.values()] for p in ("p50", "p95"))
+                ax.fill_between(list(points), p50, p95, color=style["color"], alpha=0.12)
             else:
-                ax.plot(xs, [figures[metric] for _, figures in points], style, color=colors[index % 10], label=legend)
-        if categorical:
-            ax.set_xticks(range(len(ticks)), ticks)
-        if metric != "states_per_forward":
-            ax.set_yscale("log")
-        ax.set_xlabel(x_name.replace("_", " "))
+                p50 = [figures[metric] for figures in points.values()]
+            ax.plot(list(points), p50, style.pop("fmt"), **style)
+        ax.set_yscale("linear" if metric == "states_per_forward" else "log")
+        ax.set_xlabel("world size")
         ax.set_title(title + (", p50 (band to p95)" if metric in METRICS else ""), fontsize=10)
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=8)
@@ -623,74 +409,48 @@ def plot(report, path):
     plt.close(fig)
 
 
-# --- main ---------------------------------------------------------------------------------------------------------
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--world-size", default="10", help="processes: coordinator, agent and observers (>= 3)")
-    parser.add_argument("--batch", default="on", help="on: the agent serves all observers in one forward; off: one")
-    parser.add_argument(
-        "--transport",
-        default="auto",
-        help="auto: TensorPipe's choice (shared memory on one machine); tcp: TCP on loopback, as between machines",
-    )
-    parser.add_argument("--state-size", default="10-20-10", help="the observer state's shape, sizes joined by '-'")
-    parser.add_argument("--nlayers", default="5", help="hidden layers of the policy")
-    parser.add_argument("--out-features", default="10", help="units per layer and actions")
-    parser.add_argument("--episodes", default="10", help="measured episodes")
-    parser.add_argument("--episode-steps", default="100", help="steps per episode")
-    parser.add_argument("--warmup-steps", type=int, default=10, help="steps of the warm-up episode, not measured")
-    parser.add_argument("--master-port", type=int, default=29501, help="the RPC store's port on 127.0.0.1")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--rpc-timeout", type=float, default=60.0, help="seconds an RPC may take before it fails")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds one world may run before it is stopped")
-    parser.add_argument("--out", type=Path, default=Path("runs/rpc_agent_observer"), help="folder for JSON and PNG")
-    parser.add_argument("--markdown", type=Path, metavar="JSON", help="only print the table of a JSON this tool wrote")
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--world-size", type=listed("--world-size"), default=[10], help="processes: coordinator, agent, observers")
+    add("--batch", type=listed("--batch", {"on": True, "off": False}), default=[True], help="on or off (a list)")
+    add("--transport", type=listed("--transport", {"auto": "auto", "tcp": "tcp"}), default=["auto"],
+        help="auto (shared memory on one machine) or tcp (loopback, as between machines)")  # fmt: skip
+    add("--episodes", type=int, default=10, help="measured episodes (default 10)")
+    add("--episode-steps", type=int, default=100, help="steps per episode (default 100)")
+    add("--master-port", type=int, default=29501, help="the RPC store's port on 127.0.0.1")
+    add("--rpc-timeout", type=float, default=60.0, help="seconds an RPC may take before it fails")
+    add("--timeout", type=float, default=600.0, help="seconds one world may run before it is stopped")
+    add("--out", type=Path, default=Path("runs/rpc_agent_observer"), help="folder for JSON and PNG")
+    add("--markdown", type=Path, metavar="JSON", help="only print the table of a JSON this tool wrote")
     args = parser.parse_args()
 
     if args.markdown:
         try:
-            report = json.loads(args.markdown.read_text())
-            table = markdown(report)
+            table = markdown(json.loads(args.markdown.read_text()))
         except (OSError, ValueError, KeyError, TypeError) as error:
             fail(f"{args.markdown}: not a JSON this tool wrote ({type(error).__name__}: {error})")
         print(table)
         return
-    configs, swept = worlds(args)
-    if args.warmup_steps < 0:
-        fail(f"--warmup-steps: {args.warmup_steps} is below 0")
-    if not 1 <= args.master_port <= 65535:
-        fail(f"--master-port: {args.master_port} is not a port (1 to 65535)")
-    if args.rpc_timeout <= 0 or args.timeout <= 0:
-        fail("--rpc-timeout and --timeout must be positive")
-    if not port_is_free(args.master_port):
-        fail(f"--master-port {args.master_port}: the port is in use on 127.0.0.1 (pick another)")
+    if min(args.episodes, args.episode_steps, args.rpc_timeout, args.timeout) <= 0:
+        fail("--episodes, --episode-steps, --rpc-timeout and --timeout must be positive")
+    check_port(args.master_port)
     json_path, png_path = args.out / "rpc_agent_observer.json", args.out / "rpc_agent_observer.png"
-    try:  # every output is checked writable before the first world
+    try:  # the outputs' folder is checked writable before the first world
         args.out.mkdir(parents=True, exist_ok=True)
-        for path in (json_path, png_path):
-            existed = path.exists()
-            with open(path, "a"):
-                pass
-            if not existed:  # no empty file left behind by a run stopped before its first world
-                path.unlink()
+        tempfile.TemporaryFile(dir=args.out).close()
     except OSError as error:
         fail(f"--out {args.out}: cannot write there ({error.strerror})")
 
-    from speedup_table import describe_machine, machine_text
-
-    machine = describe_machine()
-    machine["torch_threads"] = 1  # every worker and the in-process mode
-    report = {
-        "tool": TOOL,
-        "command": " ".join(["python", f"benchmarks/{TOOL}", *sys.argv[1:]]),
-        "machine": machine,
-        "machine_text": machine_text(machine),
-        "load_before": list(os.getloadavg()),
-        "swept": swept,
-        "rows": [],
-    }
+    values = [getattr(args, name) for name in LISTED]
+    fixed = dict(FIXED, episodes=args.episodes, episode_steps=args.episode_steps, rpc_timeout=args.rpc_timeout,
+                 world_timeout=args.timeout)  # fmt: skip
+    configs = [dict(zip(LISTED, combination, strict=True), **fixed) for combination in itertools.product(*values)]
+    machine = dict(describe_machine(), torch_threads=1)  # every worker and the in-process mode
+    swept = [name for name, given in zip(LISTED, values, strict=True) if len(given) > 1]
+    command = " ".join(["python", f"benchmarks/{TOOL}", *sys.argv[1:]])
+    report = dict(tool=TOOL, command=command, machine=machine, machine_text=machine_text(machine),
+                  load_before=list(os.getloadavg()), swept=swept, rows=[])  # fmt: skip
     os.environ.setdefault("TP_SOCKET_IFNAME", "lo")  # the workers' TensorPipe listens on loopback only
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
@@ -702,33 +462,27 @@ def main():
     start, in_process = time.monotonic(), {}
     try:
         for config in configs:
-            if not port_is_free(args.master_port):
-                fail(f"--master-port {args.master_port}: the port is in use on 127.0.0.1 (pick another)")
-            world_start = time.monotonic()
+            check_port(args.master_port)
+            world_start, size = time.monotonic(), config["world_size"]
             figures, reason = run_rpc_world(config, args.master_port, args.timeout)
             if figures is None:
-                print(f"{TOOL}: the world of {config['world_size']} failed: {reason}", file=sys.stderr)
+                print(f"{TOOL}: the world of {size} failed: {reason}", file=sys.stderr)
                 sys.exit(1)
-            key = in_process_key(config)
-            if key not in in_process:  # measured once for --batch on and off: it has no batch to turn off
-                in_process[key] = run_in_process(config)
-            row = {"config": config, "rpc": figures, "in_process": in_process[key], "load": os.getloadavg()[0]}
-            report["rows"].append(row)
+            if size not in in_process:  # once per world size: it has no batch to turn off, no transport
+                in_process[size] = run_in_process(config)
+            report["rows"].append(dict(config=config, rpc=figures, in_process=in_process[size],
+                                       load=os.getloadavg()[0]))  # fmt: skip
             report["load_after"] = list(os.getloadavg())
-            json_path.write_text(json.dumps(report, indent=1) + "\n")  # a stopped sweep keeps the worlds done
-            others = "".join(
-                f", {name} {label(name, config[name])}" for name in swept if name not in ("world_size", "batch")
-            )
-            print(
-                f"world {config['world_size']}, batch {label('batch', config['batch'])}{others}: "
-                f"RPC {figures['env_steps_per_s']:.0f} env steps/s ({figures['states_per_forward']:.1f} states per "
-                f"forward), in process {row['in_process']['env_steps_per_s']:.0f}; "
-                f"{time.monotonic() - world_start:.1f} s",
-                flush=True,
-            )
+            json_path.write_text(json.dumps(report, indent=1) + "\n")  # a stopped run keeps the worlds done
+            print(f"world {size}, batch {label('batch', config['batch'])}, transport {config['transport']}: RPC "
+                  f"{figures['env_steps_per_s']:.0f} env steps/s ({figures['states_per_forward']:.1f} states per "
+                  f"forward), in process {in_process[size]['env_steps_per_s']:.0f}; "
+                  f"{time.monotonic() - world_start:.1f} s", flush=True)  # fmt: skip
     except Interrupted as stopped:
-        print(f"{TOOL}: interrupted by {stopped}, {len(report['rows'])} world(s) done", file=sys.stderr)
-        sys.exit(128 + stopped.signum)
+        signum = stopped.args[0]
+        print(f"{TOOL}: interrupted by {signal.Signals(signum).name}, {len(report['rows'])} world(s) done",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(128 + signum)
     plot(report, png_path)
     print(f"\n{len(configs)} world(s) in {time.monotonic() - start:.0f} s; load {report['load_after'][0]:.2f}")
     print(markdown(report))

@@ -17,22 +17,19 @@ Runs listed in failed.txt beside the results file (run.sh writes it) are named i
 import argparse
 import json
 import math
-import os
-import platform
 import statistics
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import matplotlib
+from common import describe_machine, fail, machine_text, read_results, variant  # benchmarks/ is on the path
 
 matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
+from common import FAST_BF16, cpu_name  # noqa: E402, F401 # re-exported for the tools not yet moved to common.py
 
 VARIANTS = ("plain", "twin", "twin+compile", "twin+cudagraphs", "twin+compile+cudagraphs")
-FIELDS = (
-    "script algo env_id seed compile cudagraphs device torch_version total_timesteps sps compile_seconds final_return"
-).split()
 # The three tables of speedup.md: (results field, title, what a number means).
 TABLES = (
     ("sps", "Training speed", "steady-state environment steps per second"),
@@ -44,79 +41,6 @@ TABLES = (
         "(compile and warm-up; longer with a cold compile cache, the first compiled run of a machine)",
     ),
 )
-
-
-def fail(message):
-    """A user's mistake: one line on stderr, exit status 2, named for the tool run (env_speed.py reads results too)."""
-    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def cpu_name():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-# The devices where run_utils.fast_bf16 holds, in words, for the tools' lines on --bf16.
-FAST_BF16 = "a CUDA GPU of compute capability 8+, AMX or an AMD CPU's AVX512-BF16"
-
-
-def describe_machine():
-    import torch  # only here: reading and tabulating results needs no torch
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "leanrl"))
-    from run_utils import fast_bf16
-
-    return {
-        "cpu": cpu_name(),
-        # the vector instructions torch's CPU kernels use: machines that differ in it round differently
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cores": os.cpu_count(),
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        # whether the device the scripts pick computes bf16 faster than fp32: run.sh then runs the twins' --bf16 too
-        "fast_bf16": fast_bf16(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
-    }
-
-
-def machine_text(machine):
-    gpu = f"GPU {machine['gpu']}" if machine["gpu"] else "no CUDA GPU"
-    threads = machine["torch_threads"]
-    cpu = f"{machine['cpu']} ({machine['cpu_capability']})" if "cpu_capability" in machine else machine["cpu"]
-    return f"{cpu}, {machine['cores']} cores ({threads} torch thread{'s' if threads != 1 else ''}), {gpu}"
-
-
-def read_results(path):
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
-        if not isinstance(row, dict):
-            fail(f"{path}, line {number}: not a JSON object")
-        missing = [field for field in FIELDS if field not in row]
-        if missing:
-            fail(f"{path}, line {number}: no {', '.join(missing)} (not a --results-path line?)")
-        rows.append(row)
-    if not rows:
-        fail(f"{path} holds no results")
-    return rows
-
-
-def variant(row):
-    """The variant of a run: plain script, or twin plus the flags that were in effect (the recorded ones)."""
-    if not row["script"].endswith("_torchcompile.py"):
-        return "plain"
-    return "+".join(["twin"] + [flag for flag in ("compile", "cudagraphs", "bf16") if row.get(flag)])
 
 
 def values(rows, field):
@@ -194,32 +118,18 @@ def plot(groups, variants, field, ylabel, title, path):
         for index, name in enumerate(variants):
             found = values(runs.get(name, []), field)
             if not found:
-                label = "n/a" if runs.get(name) else "not run"
-                ax.annotate(
-                    label,
-                    (index, 0),
-                    xycoords=("data", "axes fraction"),
-                    xytext=(0, 6),
-                    textcoords="offset points",
-                    ha="center",
-                    color="gray",
-                )
+                ax.annotate("n/a" if runs.get(name) else "not run", (index, 0), xycoords=("data", "axes fraction"),
+                            xytext=(0, 6), textcoords="offset points", ha="center", color="gray")  # fmt: skip
                 continue
             median = statistics.median(found)
-            whiskers = [[median - min(found)], [max(found) - median]]
             if field == "sps":
                 ax.bar(index, median, color=colors[index], alpha=0.85)
                 if plain:
-                    ax.annotate(
-                        f"{median / statistics.median(plain):.2f}x",
-                        (index, max(found)),
-                        xytext=(0, 3),
-                        textcoords="offset points",
-                        ha="center",
-                        fontsize=9,
-                    )
+                    ax.annotate(f"{median / statistics.median(plain):.2f}x", (index, max(found)), xytext=(0, 3),
+                                textcoords="offset points", ha="center", fontsize=9)  # fmt: skip
             else:
                 ax.plot(index, median, "o", color=colors[index], markersize=9)
+            whiskers = [[median - min(found)], [max(found) - median]]
             ax.errorbar(index, median, yerr=whiskers, color="black", capsize=4, linewidth=1)
             ax.plot([index] * len(found), found, ".", color="black", alpha=0.6)
         ax.set_xticks(range(len(variants)), [name.replace("+", "\n+") for name in variants], fontsize=8)
@@ -245,12 +155,10 @@ def write_report(results_path, out_dir):
     variants = VARIANTS + tuple(sorted({variant(row) for row in rows} - set(VARIANTS)))
 
     machine_path = results_path.parent / "machine.json"
-    if machine_path.is_file():
-        machine = machine_text(json.loads(machine_path.read_text()))
-    else:
-        machine = (
-            f"{machine_text(describe_machine())} (not recorded with the results: the machine that made this table)"
-        )
+    recorded = machine_path.is_file()
+    machine = machine_text(json.loads(machine_path.read_text()) if recorded else describe_machine())
+    if not recorded:
+        machine += " (not recorded with the results: the machine that made this table)"
     torch_versions = ", ".join(sorted({row["torch_version"] for row in rows}))
     devices = ", ".join(sorted({row["device"] for row in rows}))
     seeds = sorted({row["seed"] for row in rows})
@@ -276,22 +184,12 @@ def write_report(results_path, out_dir):
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "speedup.md").write_text("\n".join(lines))
-    plot(
-        groups,
-        variants,
-        "sps",
-        "steps per second (steady state)",
-        "Steady-state training speed per variant\n(bars: median over seeds, whiskers: min-max, dots: seeds)",
-        out_dir / "sps.png",
-    )
-    plot(
-        groups,
-        variants,
-        "final_return",
-        "final return (mean of last 20 episodes)",
-        "Final return per variant: speed should not cost learning\n(median over seeds, whiskers: min-max, dots: seeds)",
-        out_dir / "final_return.png",
-    )
+    spread = "median over seeds, whiskers: min-max, dots: seeds"
+    plot(groups, variants, "sps", "steps per second (steady state)",
+         f"Steady-state training speed per variant\n(bars: {spread})", out_dir / "sps.png")  # fmt: skip
+    plot(groups, variants, "final_return", "final return (mean of last 20 episodes)",
+         f"Final return per variant: speed should not cost learning\n({spread})",
+         out_dir / "final_return.png")  # fmt: skip
     return out_dir / "speedup.md"
 
 
@@ -299,12 +197,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="?", type=Path, help="a results file: one JSON line per run")
     parser.add_argument("--out", type=Path, default=None, help="where to write (default: the results file's folder)")
-    parser.add_argument(
-        "--record-machine",
-        type=Path,
-        metavar="FILE",
-        help="only describe this machine (CPU, cores, GPU, torch) into FILE, as JSON",
-    )
+    parser.add_argument("--record-machine", type=Path, metavar="FILE", help="only describe this machine, in FILE")
     args = parser.parse_args()
 
     if args.record_machine:

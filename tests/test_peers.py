@@ -11,10 +11,10 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO_ROOT, describe
+from helpers import REPO_ROOT
 
 TOOL = REPO_ROOT / "benchmarks" / "peers.py"
-sys.path.insert(0, str(TOOL.parent))  # the tool imports speedup_table from its folder
+sys.path.insert(0, str(TOOL.parent))  # the tool imports common from its folder
 _spec = importlib.util.spec_from_file_location("peers_tool", TOOL)
 peers = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(peers)  # definitions only: the tool runs under __main__
@@ -180,17 +180,6 @@ with open(argv[argv.index("--results-path") + 1], "a") as f:
 """
 
 
-def fake_peer(name, log, fail_if="False", no_points=False):
-    peer = peers.PEERS[name]
-    imports = "from cleanrl_utils.buffers import ReplayBuffer" if peer.get("modules") else ""
-    if peer["sps"] == "points":
-        prints = f"SKIP, NO_POINTS = {WARM_UP_POINTS[name]}, {no_points}\n" + PRINTS["points"]
-    else:
-        prints = PRINTS["ppo" if "ppo" in name else "sac"]
-    return FAKE_PEER.format(imports=imports, texts=TODAY[name], log=str(log), fail_if=fail_if, error=DYNAMO_ERROR,
-                            theirs_sps=THEIRS_SPS, prints=prints)  # fmt: skip
-
-
 def make_fakes(folder):
     """Fake clones (LeanRL/, cleanrl/) and a fake leanrl/ of ours (ours/) in folder, their calls logged in
     calls.jsonl: LeanRL's SAC fails with --compile as the real one does; CleanRL's TD3 prints no sps point for seed 2
@@ -201,13 +190,19 @@ def make_fakes(folder):
         for module in peer.get("modules", ()):
             (clone / module).parent.mkdir(parents=True, exist_ok=True)
             (clone / module).write_text("class ReplayBuffer:\n    pass\n" if module.endswith("buffers.py") else "")
-        path = clone / peer["path"]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fail_if = '"--compile" in argv' if name == "leanrl-sac" else "False"
-        path.write_text(fake_peer(name, log, fail_if, no_points=name == "cleanrl-td3"))
-        ours = folder / "ours" / peer["ours"]
-        ours.parent.mkdir(exist_ok=True)
-        ours.write_text(FAKE_OURS.format(script=peer["ours"], log=str(log), ours_sps=OURS_SPS))
+        if "pattern" in peer:  # LeanRL's: their progress bar
+            prints = PRINTS["ppo" if "ppo" in name else "sac"]
+        else:
+            prints = f"SKIP, NO_POINTS = {WARM_UP_POINTS[name]}, {name == 'cleanrl-td3'}\n" + PRINTS["points"]
+        (clone / peer["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (clone / peer["path"]).write_text(FAKE_PEER.format(
+            imports="from cleanrl_utils.buffers import ReplayBuffer" if peer.get("modules") else "", texts=TODAY[name],
+            log=str(log), fail_if='"--compile" in argv' if name == "leanrl-sac" else "False", error=DYNAMO_ERROR,
+            theirs_sps=THEIRS_SPS, prints=prints))  # fmt: skip
+        (folder / "ours").mkdir(exist_ok=True)
+        (folder / "ours" / peer["ours"]).write_text(
+            FAKE_OURS.format(script=peer["ours"], log=str(log), ours_sps=OURS_SPS)
+        )
     return folder
 
 
@@ -218,18 +213,15 @@ def fakes(tmp_path):
 
 def run_tool(*args, fakes=None):
     """The tool with these options, after the fakes' (later options win)."""
-    command = [sys.executable, str(TOOL)]
-    if fakes is not None:
-        command += [
-            "--leanrl",
-            str(fakes / "LeanRL"),
-            "--cleanrl",
-            str(fakes / "cleanrl"),
-            "--ours",
-            str(fakes / "ours"),
-        ]
-        command += ["--out", str(fakes / "out")]
-    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=300)
+    clones = ["--leanrl", fakes / "LeanRL", "--cleanrl", fakes / "cleanrl", "--ours", fakes / "ours"] if fakes else []
+    command = [sys.executable, str(TOOL), *clones, *(["--out", fakes / "out"] if fakes else []), *args]
+    return subprocess.run(list(map(str, command)), capture_output=True, text=True, timeout=300)
+
+
+def calls_of(fakes):
+    """[side, script, argv] of each run of a fake, in order."""
+    log = fakes / "calls.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
 PER_SEED, BF16_COLUMN = "per seed: ours / theirs (/ ours --bf16)", "ours --bf16 sps, median (/ theirs)"
@@ -237,113 +229,76 @@ PER_SEED, BF16_COLUMN = "per seed: ours / theirs (/ ours --bf16)", "ours --bf16 
 
 def table_rows(text):
     """{(pair, theirs' column): {column: cell}} of peers.md's table of medians."""
-    lines = text.splitlines()
-    start = lines.index(next(line for line in lines if line.startswith("| pair | budget |")))
-    lines = [line for line in lines[start:] if line.startswith("|")]
-    lines = lines[: next((i for i, line in enumerate(lines) if line.startswith("| pair | script")), len(lines))]
-    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    lines = text.split("\n| pair | budget |", 1)[1].split("\n\n", 1)[0].splitlines()
+    header = ["pair", "budget", *(cell.strip() for cell in lines[0].strip("|").split("|"))]
     rows = [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")), strict=True)) for line in lines[2:]]
     return {(row["pair"], row["theirs"]): row for row in rows}
 
 
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    """The whole tool on the fakes, once for the tests that read it: every pair, seeds 1 2 3."""
-    fakes = make_fakes(tmp_path_factory.mktemp("measured"))
+def test_runs_alternate_with_their_budgets_and_the_table_has_the_known_ratios(tmp_path):
+    """The whole tool on the fakes: every pair, seeds 1 2 3, ours and theirs in turn (ours first for odd seeds),
+    LeanRL's SAC --compile failing (on purpose) and its eager fallback run at once; the same budget for both sides."""
+    fakes = make_fakes(tmp_path)
     completed = run_tool("--seeds", "1 2 3", fakes=fakes)
-    calls = [json.loads(line) for line in (fakes / "calls.jsonl").read_text().splitlines()]
-    return completed, fakes / "out", calls
-
-
-def pair_of(call):
-    """The pair a fake's call was for: ours name it in their results file, theirs by their script."""
-    side, script, argv = call
-    if side == "ours":
-        return re.match(r"(.+)-ours-", argv[argv.index("--results-path") + 1].split("/")[-1]).group(1)
-    return next(name for name, peer in peers.PEERS.items() if script.endswith(peer["path"]))
-
-
-def test_runs_alternate_ours_and_theirs_seed_by_seed(measured):
-    completed, out, calls = measured
-    assert completed.returncode == 1, describe(completed)  # LeanRL's SAC --compile fails (on purpose)
-    seen = [(call[0], pair_of(call), int(call[2][call[2].index("--seed") + 1])) for call in calls]
-    expected = []
+    assert completed.returncode == 1, completed.stderr[-3000:]
+    calls, expected = calls_of(fakes), []
     for index, seed in enumerate((1, 2, 3)):
-        for name in peers.PEERS:
-            sides = ["ours", "theirs"] if index % 2 == 0 else ["theirs", "ours"]
-            if name == "leanrl-sac":  # its --compile run fails, then its fallback runs at once
-                sides = [side for side in sides for _ in range(2 if side == "theirs" else 1)]
-            expected += [(side, name, seed) for side in sides]
-    assert seen == expected
-
-
-def test_both_sides_get_the_same_budget_and_their_own_flags(measured):
-    _, _, calls = measured
+        for name in peers.PEERS:  # LeanRL's SAC: its fallback runs at once after its failure
+            ours, theirs = [("ours", name, seed)], [("theirs", name, seed)] * (1 + (name == "leanrl-sac"))
+            expected += ours + theirs if index % 2 == 0 else theirs + ours
+    their_pair = {peer["path"]: name for name, peer in peers.PEERS.items()}
+    ran = []
     for side, script, argv in calls:
-        name = pair_of([side, script, argv])
+        name = (re.search(r"([\w-]+)-ours-", argv[-1])[1] if side == "ours"
+                else next(n for path, n in their_pair.items() if script.endswith(path)))  # fmt: skip
+        ran.append((side, name, int(argv[argv.index("--seed") + 1])))
         budget = peers.PEERS[name]["budget"].split()
-        assert argv[: len(budget)] == budget, (name, argv)
-        rest = argv[len(budget) :]
-        if side == "ours":
-            assert rest[:1] == ["--compile"] and rest[1] == "--seed" and rest[3] == "--results-path", rest
-        elif name.startswith("leanrl"):
-            assert rest[:-2] in (["--compile"], []) and rest[-2] == "--seed", rest  # [] is SAC's fallback
-        else:
-            assert rest[:-2] == [] and rest[-2] == "--seed", rest
+        allowed = [["--compile"]] if side == "ours" else [[]] if name.startswith("cleanrl") else [["--compile"], []]
+        assert argv[: len(budget)] == budget and argv[len(budget) : argv.index("--seed")] in allowed, (side, argv)
+    assert ran == expected
 
-
-def test_table_has_the_known_medians_and_ratios(measured):
-    completed, out, _ = measured
-    rows = table_rows((out / "peers.md").read_text())
-    assert ("leanrl-ppo_atari", "LeanRL --compile") in rows, list(rows)
+    text = (fakes / "out" / "peers.md").read_text()
+    rows = table_rows(text)
+    assert ("leanrl-ppo_atari", "LeanRL --compile") in rows and len(rows) == len(peers.PEERS) + 1, list(rows)
     for (name, theirs), row in rows.items():
         assert row["ours sps, median"] == "200.0" and row[BF16_COLUMN] == "–", (name, row)  # no twin has --bf16
-        if name == "leanrl-sac" and theirs == "LeanRL --compile":
-            assert row["theirs sps, median"] == "failed (3 of 3)" and row["ours / theirs"] == "–", row
+        if theirs == "LeanRL --compile" and name == "leanrl-sac":
+            assert (row["theirs sps, median"], row["ours / theirs"]) == ("failed (3 of 3)", "–"), row
             assert row[PER_SEED] == "1: 300.0 / failed; 2: 100.0 / failed; 3: 200.0 / failed"
         elif name == "cleanrl-td3":  # seed 2 printed no sps point: the median of seeds 1 and 3
-            assert row["theirs sps, median"] == "65.0 (2 of 3 ran)" and row["ours / theirs"] == "**3.08x**", row
-        else:
-            assert row["theirs sps, median"] == "80.0" and row["ours / theirs"] == "**2.50x**", (name, row)
+            assert (row["theirs sps, median"], row["ours / theirs"]) == ("65.0 (2 of 3 ran)", "**3.08x**"), row
+        else:  # the fallback's row too: LeanRL eager (fallback)
+            assert (row["theirs sps, median"], row["ours / theirs"]) == ("80.0", "**2.50x**"), (name, row)
             assert row[PER_SEED] == "1: 300.0 / 50.0; 2: 100.0 / 100.0; 3: 200.0 / 80.0", row
-    records = [json.loads(line) for line in (out / "peers.jsonl").read_text().splitlines()]
-    assert len(records) == 2 * 3 * len(peers.PEERS) + 3  # and SAC's three fallback runs
-    assert {record["sps"] for record in records if record["side"] == "ours"} == set(OURS_SPS.values())
-    dqn = [record for record in records if record["pair"] == "cleanrl-dqn" and record["side"] == "theirs"]
-    assert [record["printed_sps"] for record in dqn] == [7.0, 14.0, 21.0]  # their own figure, kept beside ours
+    assert ("leanrl-sac", "LeanRL eager (fallback)") in rows
+    records = [json.loads(line) for line in (fakes / "out" / "peers.jsonl").read_text().splitlines()]
+    assert len(records) == len(calls) and {r["sps"] for r in records if r["side"] == "ours"} == set(OURS_SPS.values())
+    dqn = [record["printed_sps"] for record in records if (record["pair"], record["side"]) == ("cleanrl-dqn", "theirs")]
+    assert dqn == [7.0, 14.0, 21.0]  # their own figure, kept beside ours
 
-
-def test_failed_peer_run_is_reported_and_its_fallback_named(measured):
-    completed, out, _ = measured
-    assert completed.returncode == 1, describe(completed)
     reason = "exit 1: InternalTorchDynamoError: NameError: name 'SYNTHETIC_LOCAL' is not defined"
     for seed in (1, 2, 3):
-        assert re.search(
-            rf"leanrl-sac theirs --compile seed {seed} \.\.\. FAILED \({re.escape(reason)}\)", completed.stdout
-        )
+        assert f"leanrl-sac theirs --compile seed {seed} ... FAILED ({reason})" in completed.stdout
         assert f"leanrl-sac theirs eager, fallback, seed {seed} ... {THEIRS_SPS[seed]:.1f} sps (" in completed.stdout
-    text = (out / "peers.md").read_text()
-    rows = table_rows(text)
-    fallback = rows["leanrl-sac", "LeanRL eager (fallback)"]
-    assert fallback["theirs sps, median"] == "80.0" and fallback["ours / theirs"] == "**2.50x**", fallback
     failed = text.split("Failed runs:\n")[1].split("\n\n")[0].splitlines()
     assert f"- leanrl-sac theirs --compile seed 1: {reason} (`logs/leanrl-sac-theirs-compile-seed1.log`)" in failed
     assert any(line.startswith("- cleanrl-td3 theirs jax.jit seed 2: 0 sps points past the warm-up") for line in failed)
-    assert len(failed) == 4, failed
-    assert "DYNAMO" not in completed.stderr and "Traceback" not in completed.stderr, completed.stderr
+    assert len(failed) == 4 and "Traceback" not in completed.stderr, (failed, completed.stderr)
 
 
 def test_edits_apply_to_copies_and_leave_the_clones_alone(fakes):
+    """--apply-only: the edited copies, their diffs and the modules beside them; no run, and no check of what the
+    copies import (LeanRL's SAC importing a module not installed here)."""
+    sac = fakes / "LeanRL" / peers.PEERS["leanrl-sac"]["path"]
+    sac.write_text("import json\nfrom leanrl_absent_module.data import ReplayBuffer\n" + sac.read_text())
     before = {path: path.read_bytes() for path in fakes.rglob("*.py")}
     completed = run_tool("--apply-only", fakes=fakes)
-    assert completed.returncode == 0, describe(completed)
-    for name, peer in peers.PEERS.items():
+    assert completed.returncode == 0, completed.stderr
+    for peer in peers.PEERS.values():
         repo = peers.PEER_REPOS[peer["repo"]][0]
         copy = (fakes / "out" / "peers" / repo / peer["path"]).read_text()
         for edit in peer["edits"]:
-            assert copy.count(edit.new) >= edit.count, (name, edit.name)
-            if edit.old not in edit.new:
-                assert edit.old not in copy, (name, edit.name)
+            assert copy.count(edit.new) >= edit.count and (edit.old in edit.new or edit.old not in copy), edit.name
         diff = (fakes / "out" / "peers" / repo / (peer["path"] + ".diff")).read_text()
         assert diff.startswith(f"--- {peer['path']}\n+++ {peer['path']} (edited)\n"), diff[:200]
         clone = fakes / {"leanrl": "LeanRL", "cleanrl": "cleanrl"}[peer["repo"]]
@@ -352,55 +307,54 @@ def test_edits_apply_to_copies_and_leave_the_clones_alone(fakes):
         # the fakes are not the upstream files: one warning line each, naming the commit
         assert f"{repo}'s {peer['path']} is not its version at {peer['commit'][:7]}" in completed.stderr
     assert {path: path.read_bytes() for path in fakes.rglob("*.py") if path in before} == before
-    assert not (fakes / "out" / "peers.md").exists() and not (fakes / "out" / "logs").exists()
+    assert not calls_of(fakes) and not (fakes / "out" / "peers.md").exists()
 
 
-def test_missing_edit_text_exits_2_with_one_line(fakes):
-    sac = fakes / "LeanRL" / peers.PEERS["leanrl-sac"]["path"]
-    sac.write_text(sac.read_text().replace('out_keys=["action"])', 'out_keys=["action", "log_prob", "mean"])'))
-    completed = run_tool("--pairs", "leanrl-ppo_atari leanrl-sac", fakes=fakes)
-    assert completed.returncode == 2, describe(completed)
-    lines = completed.stderr.strip().splitlines()
-    assert len(lines) == 1, lines
-    assert "leanrl/sac_continuous_action_torchcompile.py (not its version at 6f8728e)" in lines[0]
-    assert 'edit policy-out-keys finds 0 of `in_keys=["observation"], out_keys=["action"])`, not 1' in lines[0]
-    assert not (fakes / "out").exists() and not (fakes / "calls.jsonl").exists()
+def replace_in(path, old, new):
+    path.write_text(path.read_text().replace(old, new))
 
 
-def test_missing_module_of_their_repository_exits_2_with_one_line(fakes):
-    (fakes / "cleanrl" / "cleanrl_utils" / "buffers.py").unlink()
-    completed = run_tool("--pairs", "cleanrl-dqn", fakes=fakes)
-    assert completed.returncode == 2, describe(completed)
-    lines = completed.stderr.strip().splitlines()
-    assert len(lines) == 1 and "no cleanrl_utils/buffers.py in " in lines[0], lines
-    assert not (fakes / "out").exists() and not (fakes / "calls.jsonl").exists()
+REFUSED = {  # what is done to the fakes, the pairs asked for, the end of the one line
+    "edit text not found": (
+        lambda fakes: replace_in(fakes / "LeanRL" / peers.PEERS["leanrl-sac"]["path"], 'out_keys=["action"])', ""),
+        "leanrl-ppo_atari leanrl-sac", "LeanRL's leanrl/sac_continuous_action_torchcompile.py (not its version at "
+        '6f8728e): edit policy-out-keys finds 0 of `in_keys=["observation"], out_keys=["action"])`, not 1'),
+    "module of their repository missing": (
+        lambda fakes: (fakes / "cleanrl" / "cleanrl_utils" / "buffers.py").unlink(), "cleanrl-dqn",
+        f"no cleanrl_utils/buffers.py in {{fakes}}/cleanrl (a clone of {peers.PEER_REPOS['cleanrl'][1]}?)"),
+    "module not installed": (  # CleanRL's DQN imports the cleanrl_utils copied beside it: not a missing module
+        lambda fakes: replace_in(fakes / "LeanRL" / peers.PEERS["leanrl-sac"]["path"], "import json, sys\n",
+                                 "import json, sys\nfrom leanrl_absent_module.data import ReplayBuffer\n"),
+        "cleanrl-dqn leanrl-sac", "leanrl-sac: their script imports leanrl_absent_module, which is not installed "
+        "here: pip install -r requirements/requirements-peers.txt"),
+}  # fmt: skip
 
 
-def test_module_their_script_imports_and_is_not_installed_exits_2_before_any_run(fakes):
-    sac = fakes / "LeanRL" / peers.PEERS["leanrl-sac"]["path"]
-    sac.write_text("import json\nfrom leanrl_absent_module.data import ReplayBuffer\n" + sac.read_text())
-    completed = run_tool("--pairs", "cleanrl-dqn leanrl-sac", fakes=fakes)
-    assert completed.returncode == 2, describe(completed)
-    lines = completed.stderr.strip().splitlines()
-    assert lines[-1].endswith(
-        "leanrl-sac: their script imports leanrl_absent_module, which is not installed here: "
-        "pip install -r requirements/requirements-peers.txt"
-    ), lines
-    assert not (fakes / "out").exists() and not (fakes / "calls.jsonl").exists()
-    # CleanRL's DQN imports the cleanrl_utils copied beside it: not a missing module; --apply-only runs nothing
-    assert run_tool("--pairs", "cleanrl-dqn leanrl-sac", "--apply-only", fakes=fakes).returncode == 0
+@pytest.mark.parametrize("case", REFUSED)
+def test_refused_in_one_line_before_any_run(fakes, case):
+    change, pairs, line = REFUSED[case]
+    change(fakes)
+    completed = run_tool("--pairs", pairs, fakes=fakes)
+    assert completed.returncode == 2 and completed.stderr.splitlines() == [f"peers.py: error: {line}".replace(
+        "{fakes}", str(fakes))], completed.stderr  # fmt: skip
+    assert not (fakes / "out").exists() and not calls_of(fakes)
     # torchrl, which requirements-peers.txt cannot pin beside our tensordict, is installed as it says
-    torchrl = peers.INSTALL["torchrl"].split(" (")[0]
-    assert torchrl in (REPO_ROOT / "requirements" / "requirements-peers.txt").read_text()
+    assert (
+        peers.INSTALL["torchrl"].split(" (")[0] in (REPO_ROOT / "requirements" / "requirements-peers.txt").read_text()
+    )
 
 
 def test_clone_file_at_the_version_written_against_gets_no_warning(fakes, monkeypatch, capsys):
     dqn = fakes / "cleanrl" / peers.PEERS["cleanrl-dqn"]["path"]
     monkeypatch.setitem(peers.PEERS["cleanrl-dqn"], "blob", peers.git_blob(dqn.read_bytes()))
-    prepared = peers.prepare(["cleanrl-dqn", "cleanrl-td3"], {"cleanrl": fakes / "cleanrl"})
+    prepared = peers.prepare(["cleanrl-dqn", "cleanrl-td3"], {"cleanrl": fakes / "cleanrl"}, check_imports=False)
     assert prepared["cleanrl-dqn"].same and not prepared["cleanrl-td3"].same
     warnings = capsys.readouterr().err.strip().splitlines()
     assert len(warnings) == 1 and "cleanrl/td3_continuous_action_jax.py is not its version at 004f8a0" in warnings[0]
+    script = fakes / "script.py"  # and git's own id of a file
+    script.write_bytes(b"print('hi')\n\xc3\xa9\n")
+    found = subprocess.run(["git", "hash-object", str(script)], capture_output=True, text=True)
+    assert found.returncode != 0 or peers.git_blob(script.read_bytes()) == found.stdout.strip()
 
 
 def test_categorical_edit_mends_the_reported_error_on_this_torch():
@@ -408,17 +362,14 @@ def test_categorical_edit_mends_the_reported_error_on_this_torch():
     Categorical then fails on this torch; the edited lines leave torch's Categorical as it is."""
     edit = next(edit for edit in peers.PEERS["leanrl-ppo_atari"]["edits"] if edit.name == "categorical-properties")
     assert edit.old in TODAY["leanrl-ppo_atari"]
-    script = (
-        "import torch\nfrom torch.distributions.categorical import Categorical\n"
-        + edit.old
-        + "print(int(Categorical(logits=torch.zeros(3)).sample()) in (0, 1, 2))\n"
-    )
+    script = ("import torch\nfrom torch.distributions.categorical import Categorical\n" + edit.old
+              + "print(int(Categorical(logits=torch.zeros(3)).sample()) in (0, 1, 2))\n")  # fmt: skip
     broken = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert broken.returncode == 1, describe(broken)
-    assert "AttributeError: property of 'Categorical' object has no setter" in broken.stderr, describe(broken)
-    edited = peers.apply_edits(script, [edit], "the excerpt")
-    mended = subprocess.run([sys.executable, "-c", edited], capture_output=True, text=True, timeout=300)
-    assert mended.returncode == 0 and mended.stdout == "True\n", describe(mended)
+    assert broken.returncode == 1, broken.stderr
+    assert "AttributeError: property of 'Categorical' object has no setter" in broken.stderr, broken.stderr
+    mended = subprocess.run([sys.executable, "-c", peers.apply_edits(script, [edit], "the excerpt")],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert mended.returncode == 0 and mended.stdout == "True\n", mended.stderr
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast-bf16", "no-fast-bf16"])
@@ -429,56 +380,33 @@ def test_a_twin_with_bf16_also_runs_with_it_where_bf16_is_fast(fakes, monkeypatc
     twin.write_text(twin.read_text() + "\n\nclass Args:\n    bf16: bool = False\n")
     machine = dict(cpu="Fake CPU", cores=2, torch_threads=2, gpu=None, torch="2.13.0", fast_bf16=fast)
     monkeypatch.setattr(peers, "describe_machine", lambda: machine)
-    clones = ["--leanrl", str(fakes / "LeanRL"), "--cleanrl", str(fakes / "cleanrl"), "--ours", str(fakes / "ours")]
-    pairs = ["--pairs", "leanrl-td3 cleanrl-dqn", "--seeds", "1 2 3", "--out", str(fakes / "out")]
-    monkeypatch.setattr(sys, "argv", [str(TOOL), *clones, *pairs])
+    clones = ["--leanrl", fakes / "LeanRL", "--cleanrl", fakes / "cleanrl", "--ours", fakes / "ours", "--out"]
+    pairs = [fakes / "out", "--pairs", "leanrl-td3 cleanrl-dqn", "--seeds", "1 2 3"]
+    monkeypatch.setattr(sys, "argv", list(map(str, [TOOL, *clones, *pairs])))
     assert peers.main() == 0
-    stdout = capsys.readouterr().out
-
-    # Per seed, ours with --bf16 right after ours in fp32, numbered as runs of their own.
-    td3_ours = ["--compile", "--compile --bf16"] if fast else ["--compile"]
-    expected = []
+    stdout, text = capsys.readouterr().out, (fakes / "out" / "peers.md").read_text()
+    expected = []  # per seed, ours with --bf16 right after ours in fp32, numbered as runs of their own
     for index, seed in enumerate(("1", "2", "3")):
-        for name, ours in (("leanrl-td3", td3_ours), ("cleanrl-dqn", ["--compile"])):
-            sides = [("ours", flags) for flags in ours]
-            theirs = [("theirs", peers.PEERS[name]["theirs"][0][0])]
-            expected += [(name, *run, seed) for run in (sides + theirs if index % 2 == 0 else theirs + sides)]
+        for name, theirs in (("leanrl-td3", [("theirs", "--compile")]), ("cleanrl-dqn", [("theirs", "jax.jit")])):
+            ours = [("ours", "--compile")] + [("ours", "--compile --bf16")] * (fast and name == "leanrl-td3")
+            expected += [(name, *run, seed) for run in (ours + theirs if index % 2 == 0 else theirs + ours)]
     progress = re.findall(r"^\[(\d+)/(\d+)\] (\S+) (ours|theirs) (.+?) seed (\d+) \.\.\. ", stdout, re.MULTILINE)
     assert [run[2:] for run in progress] == expected
     assert [run[:2] for run in progress] == [(str(n), str(len(expected))) for n in range(1, len(expected) + 1)]
-    calls = [json.loads(line) for line in (fakes / "calls.jsonl").read_text().splitlines()]
-    budget = peers.PEERS["leanrl-td3"]["budget"].split()
-    bf16_calls = [argv[len(budget) :] for _, _, argv in calls if "--bf16" in argv]
-    assert len(bf16_calls) == (3 if fast else 0)
-    assert all(argv[:3] == ["--compile", "--bf16", "--seed"] and "compile_bf16" in argv[-1] for argv in bf16_calls)
-
-    # Its own column: the median of ours with --bf16 and its ratio to theirs; – where not run.
-    text = (fakes / "out" / "peers.md").read_text()
-    rows = table_rows(text)
-    td3, dqn = rows["leanrl-td3", "LeanRL --compile"], rows["cleanrl-dqn", "CleanRL jax.jit"]
-    for row in (td3, dqn):
-        assert row["ours sps, median"] == "200.0" and row["ours / theirs"] == "**2.50x**", row
+    td3, dqn = (
+        table_rows(text)[key] for key in (("leanrl-td3", "LeanRL --compile"), ("cleanrl-dqn", "CleanRL jax.jit"))
+    )
     assert dqn[BF16_COLUMN] == "–" and dqn[PER_SEED] == "1: 300.0 / 50.0; 2: 100.0 / 100.0; 3: 200.0 / 80.0", dqn
-    if fast:
-        assert td3[BF16_COLUMN] == "400.0 (**5.00x**)", td3
-        assert td3[PER_SEED] == "1: 300.0 / 50.0 / 600.0; 2: 100.0 / 100.0 / 200.0; 3: 200.0 / 80.0 / 400.0", td3
-        line = "bf16: faster than fp32 here; ours also runs with --bf16 after each seed's fp32 run: leanrl-td3."
-    else:
-        assert td3[BF16_COLUMN] == "–" and td3[PER_SEED] == dqn[PER_SEED], td3
-        line = (
-            "bf16: not faster than fp32 here (a CUDA GPU of compute capability 8+, AMX or an AMD CPU's AVX512-BF16): "
-            "no --bf16 runs of ours, its column is –."
-        )
+    assert td3["ours / theirs"] == "**2.50x**" and td3[BF16_COLUMN] == ("400.0 (**5.00x**)" if fast else "–"), td3
+    per_seed = "1: 300.0 / 50.0 / 600.0; 2: 100.0 / 100.0 / 200.0; 3: 200.0 / 80.0 / 400.0" if fast else dqn[PER_SEED]
+    assert td3[PER_SEED] == per_seed, td3
+    line = "bf16: faster than fp32 here; ours also runs with --bf16 after each seed's fp32 run: leanrl-td3."
+    line = (
+        line
+        if fast
+        else f"bf16: not faster than fp32 here ({peers.FAST_BF16}): no --bf16 runs of ours, its column is –."
+    )
     assert line in stdout.splitlines() and line in text.splitlines(), stdout
-
-
-def test_git_blob_is_the_id_git_gives_the_file(tmp_path):
-    script = tmp_path / "script.py"
-    script.write_bytes(b"print('hi')\n\xc3\xa9\n")
-    found = subprocess.run(["git", "hash-object", str(script)], capture_output=True, text=True)
-    if found.returncode != 0:
-        pytest.skip("no git here")
-    assert peers.git_blob(script.read_bytes()) == found.stdout.strip()
 
 
 def test_edited_sps_print_gives_the_points_the_tool_reads(capsys):
@@ -488,61 +416,46 @@ def test_edited_sps_print_gives_the_points_the_tool_reads(capsys):
         fake_time = type("Clock", (), {"time": staticmethod(lambda: 12.5), "perf_counter": staticmethod(lambda: 7.25)})
         exec(edit.new.replace(" " * indent, ""), {"global_step": 3100, "start_time": 0.0, "time": fake_time})
     printed = capsys.readouterr().out
-    assert peers.POINT.findall(printed) == [("3100", "7.250000")] * 3
-    assert peers.PRINTED_SPS.findall(printed) == ["248"] * 3
-
-
-def test_failure_reason_is_the_last_error_line():
-    text = (
-        'step 1\r 50%|#####     | 1/2\nTraceback (most recent call last):\n  File "x.py", line 3\n'
-        f'{DYNAMO_ERROR}\n\nfrom user code:\n   File "x.py", line 9, in update_main\n\nSet TORCHDYNAMO_VERBOSE=1\n'
+    assert (
+        peers.POINT.findall(printed) == [("3100", "7.250000")] * 3 and peers.PRINTED_SPS.findall(printed) == ["248"] * 3
     )
-    assert peers.failure_reason(text) == "InternalTorchDynamoError: NameError: name 'SYNTHETIC_LOCAL' is not defined"
-    assert peers.failure_reason("something went wrong\n  at the end\n") == "at the end"
-    assert peers.failure_reason("") == "no output"
 
 
 def test_tiny_run_past_timeout_is_killed_and_reported(fakes):
-    dqn = fakes / "cleanrl" / peers.PEERS["cleanrl-dqn"]["path"]
-    dqn.write_text(dqn.read_text().replace("sps = {", "import time; time.sleep(600)\nsps = {", 1))
+    replace_in(
+        fakes / "cleanrl" / peers.PEERS["cleanrl-dqn"]["path"], "sps = {", "import time; time.sleep(600)\nsps = {"
+    )
     completed = run_tool("--pairs", "cleanrl-dqn", "--seeds", "1", "--timeout", "1", "--tiny", fakes=fakes)
-    assert completed.returncode == 1, describe(completed)
-    calls = [json.loads(line) for line in (fakes / "calls.jsonl").read_text().splitlines()]
+    assert completed.returncode == 1, completed.stderr
     tiny = peers.PEERS["cleanrl-dqn"]["tiny"].split()
-    assert [call[0] for call in calls] == ["ours", "theirs"] and all(call[2][: len(tiny)] == tiny for call in calls)
+    assert [call[0] for call in calls_of(fakes)] == ["ours", "theirs"]
+    assert all(call[2][: len(tiny)] == tiny for call in calls_of(fakes))
     assert "cleanrl-dqn theirs jax.jit seed 1 ... FAILED (killed past --timeout 1 s)" in completed.stdout
     rows = table_rows((fakes / "out" / "peers.md").read_text())
     assert rows["cleanrl-dqn", "CleanRL jax.jit"]["theirs sps, median"] == "failed (1 of 1)"
 
 
-@pytest.mark.parametrize(
-    "args, words",
-    [
-        (["--pairs", "leanrl-dqn"], ["no pair 'leanrl-dqn'", "leanrl-sac"]),
-        (["--pairs", " "], ["no pairs"]),
-        (["--seeds", "1 x"], ["seed 'x'"]),
-        (["--seeds", "1 1"], ["twice"]),
-        (["--timeout", "0"], ["--timeout", "> 0"]),
-        (["--bogus"], ["unrecognized arguments: --bogus"]),
-        (["--leanrl", "/no/such/folder"], ["--leanrl /no/such/folder: no such folder"]),
-    ],
-    ids=["unknown-pair", "no-pair", "bad-seed", "seed-twice", "timeout", "unknown-option", "no-clone"],
-)
-def test_bad_option_exits_2_with_one_line(fakes, args, words):
-    completed = run_tool(*args, fakes=fakes)  # after the fakes' options: --leanrl here replaces the fake clone's
-    assert completed.returncode == 2, describe(completed)
-    lines = completed.stderr.strip().splitlines()
-    assert len(lines) == 1 and all(word in lines[0] for word in words), lines
-    assert not (fakes / "out").exists()
+BAD_OPTIONS = {  # the options (after the fakes' but for "no clone option"), the words of the one line
+    "unknown pair": (["--pairs", "leanrl-dqn"], ["no pair 'leanrl-dqn'", "leanrl-sac"]),
+    "no pair": (["--pairs", " "], ["no pairs"]),
+    "bad seed": (["--seeds", "1 x"], ["seed 'x'"]),
+    "seed twice": (["--seeds", "1 1"], ["twice"]),
+    "timeout": (["--timeout", "0"], ["--timeout", "> 0"]),
+    "unknown option": (["--bogus"], ["unrecognized arguments: --bogus"]),
+    "no clone": (["--leanrl", "/no/such/folder"], ["--leanrl /no/such/folder: no such folder"]),
+    "used out": (["--pairs", "cleanrl-dqn", "--out", "USED"], ["already holds a peers.jsonl"]),
+    "no clone option": (["--pairs", "leanrl-td3 leanrl-sac"],
+                        ["leanrl-td3 leanrl-sac need --leanrl PATH, a clone of github.com/meta-pytorch/LeanRL"]),
+}  # fmt: skip
 
 
-def test_missing_clone_option_or_used_out_exits_2(fakes):
-    completed = run_tool("--pairs", "leanrl-td3 leanrl-sac", "--ours", str(fakes / "ours"))
+@pytest.mark.parametrize("case", BAD_OPTIONS)
+def test_bad_option_exits_2_with_one_line(fakes, case):
+    args, words = BAD_OPTIONS[case]
+    (fakes / "used").mkdir()
+    (fakes / "used" / "peers.jsonl").write_text("")
+    args = [str(fakes / "used") if arg == "USED" else arg for arg in args]
+    completed = run_tool(*args, fakes=None if case == "no clone option" else fakes)
     lines = completed.stderr.strip().splitlines()
-    assert completed.returncode == 2 and len(lines) == 1, describe(completed)
-    assert "leanrl-td3 leanrl-sac need --leanrl PATH, a clone of github.com/meta-pytorch/LeanRL" in lines[0]
-    (fakes / "out").mkdir()
-    (fakes / "out" / "peers.jsonl").write_text("")
-    completed = run_tool("--pairs", "cleanrl-dqn", fakes=fakes)
-    assert completed.returncode == 2 and "already holds a peers.jsonl" in completed.stderr, describe(completed)
-    assert not (fakes / "calls.jsonl").exists()
+    assert completed.returncode == 2 and len(lines) == 1 and all(word in lines[0] for word in words), lines
+    assert not (fakes / "out").exists() and not calls_of(fakes)

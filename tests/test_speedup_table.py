@@ -1,6 +1,6 @@
-"""Tests of the speed-up table: benchmarks/speedup_table.py on hand-made results whose medians and ratios are known,
-and run.sh end to end: its options, its report of failed runs (on fake scripts that fail on purpose), a tiny budget for
-every pair of leanrl/ that the pair's own tests run, and a --tiny run of two pairs (the CI mode of the README's table).
+"""benchmarks/speedup_table.py on hand-made results whose medians and ratios are known, and run.sh end to end: its bad
+options, its report of failed runs and its --bf16 runs (on fake scripts), every pair's tiny budget run by the pair's
+own tests, and a --tiny run of two real pairs (the CI mode of the README's table).
 """
 
 import importlib
@@ -18,22 +18,15 @@ from helpers import REPO_ROOT, SCRIPTS_DIR, describe, run_sh_budget
 TOOL = REPO_ROOT / "benchmarks" / "speedup_table.py"
 RUN_SH = REPO_ROOT / "run.sh"
 VARIANTS = ["plain", "twin", "twin+compile", "twin+cudagraphs", "twin+compile+cudagraphs"]
-VARIANT_SETTINGS = {  # variant -> (script suffix, compile, cudagraphs)
-    "plain": ("", False, False),
-    "twin": ("_torchcompile", False, False),
-    "twin+compile": ("_torchcompile", True, False),
-    "twin+cudagraphs": ("_torchcompile", False, True),
-    "twin+compile+cudagraphs": ("_torchcompile", True, True),
-}
-NUMBER = r"-?\d+\.\d"
 
 
 def result(script, algo, env_id, variant, seed, sps, final_return=-100.0, compile_seconds=1.0, device="cpu"):
     """One results line as a script's --results-path writes it."""
-    suffix, compile_, cudagraphs = VARIANT_SETTINGS[variant]
-    return dict(script=f"{script}{suffix}.py", algo=algo, env_id=env_id, seed=seed, compile=compile_,
-                cudagraphs=cudagraphs, device=device, torch_version="2.13.0", total_timesteps=1000, sps=sps,
-                compile_seconds=compile_seconds, wall_seconds=10.0, final_return=final_return)  # fmt: skip
+    flags = variant.split("+")[1:]
+    return dict(script=f"{script}{'' if variant == 'plain' else '_torchcompile'}.py", algo=algo, env_id=env_id,
+                seed=seed, compile="compile" in flags, cudagraphs="cudagraphs" in flags, device=device,
+                torch_version="2.13.0", total_timesteps=1000, sps=sps, compile_seconds=compile_seconds,
+                wall_seconds=10.0, final_return=final_return)  # fmt: skip
 
 
 def write_results(path, rows):
@@ -48,20 +41,15 @@ def run_tool(*args):
 def markdown_table(text, title):
     """{(algorithm, env): {column: cell}} of the table under the heading `### title` of speedup.md."""
     section = text.split(f"### {title}\n", 1)[1].split("\n### ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("|")]
-    header, rule, *body = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
-    assert set("".join(rule)) == {"-"}, rule
+    header, _, *body = [[cell.strip() for cell in row.strip("|").split("|")] for row in section.splitlines()
+                        if row.startswith("|")]  # fmt: skip
     return {(cells[0], cells[1]): dict(zip(header, cells, strict=True)) for cells in body}
 
 
 def assert_png(path):
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
-    height, width, _ = matplotlib.image.imread(path).shape
-    assert height > 200 and width > 200, (height, width)
+    height, width, _ = matplotlib.image.imread(path).shape  # refuses a file that is not an image
+    assert path.read_bytes()[:4] == b"\x89PNG" and height > 200 and width > 200, (path, height, width)
 
-
-# --- The table tool on hand-made results --------------------------------------------------------------------------
 
 HAND_MADE = [
     # sac: three seeds (medians differ from means), the CPU variants only. sps: 85, 100, 190: 190 / 85 = 2.24.
@@ -84,88 +72,58 @@ HAND_MADE = [
     # ppo_atari: the plain script's run failed (no line), the twin ran.
     result("ppo_atari_envpool", "ppo_atari", "Breakout-v5", "twin", 1, 300.0),
 ]  # fmt: skip
-MACHINE = {
-    "cpu": "Test CPU 9000",
-    "cpu_capability": "AVX512",
-    "cores": 64,
-    "gpu": "Test GPU",
-    "torch": "2.13.0",
-    "torch_threads": 32,
-}
 
 
-@pytest.fixture(scope="module")
-def hand_made_report(tmp_path_factory):
-    """The tool run once over HAND_MADE, with a machine.json and a failed.txt beside the results as run.sh leaves."""
-    folder = tmp_path_factory.mktemp("hand_made")
-    results = write_results(folder / "results.jsonl", HAND_MADE)
-    (folder / "machine.json").write_text(json.dumps(MACHINE))
-    (folder / "failed.txt").write_text("ppo_atari_envpool plain seed 1: exit 1, log logs/x.log\n")
-    out = folder / "report"
-    completed = run_tool(results, "--out", out)
+def test_tables_have_the_known_medians_ranges_speedups_and_notes(tmp_path):
+    """HAND_MADE, with a machine.json and a failed.txt beside the results as run.sh leaves them."""
+    machine = dict(cpu="Test CPU 9000", cpu_capability="AVX512", cores=64, gpu="Test GPU", torch="2.13.0",
+                   torch_threads=32)  # fmt: skip
+    (tmp_path / "machine.json").write_text(json.dumps(machine))
+    (tmp_path / "failed.txt").write_text("ppo_atari_envpool plain seed 1: exit 1, log logs/x.log\n")
+    completed = run_tool(write_results(tmp_path / "results.jsonl", HAND_MADE), "--out", out := tmp_path / "report")
     assert completed.returncode == 0, describe(completed)
-    return out, (out / "speedup.md").read_text(), completed
-
-
-def test_sps_table_has_the_known_medians_ranges_and_speedups(hand_made_report):
-    _, text, _ = hand_made_report
-    table = markdown_table(text, "Training speed")
+    text = (out / "speedup.md").read_text()
+    table, returns = markdown_table(text, "Training speed"), markdown_table(text, "Final return")
+    warm_up = markdown_table(text, "Time to the steady state")
     assert list(table) == [("sac", "HalfCheetah-v5"), ("td3", "Pendulum-v1"), ("ppo_continuous", "HalfCheetah-v5"),
                            ("ppo_atari", "Breakout-v5")]  # fmt: skip
-    assert list(table["sac", "HalfCheetah-v5"]) == ["algorithm", "env", "steps", "seeds", *VARIANTS, "speed-up"]
     assert table["sac", "HalfCheetah-v5"] == {
         "algorithm": "sac", "env": "HalfCheetah-v5", "steps": "1000", "seeds": "3",
         "plain": "85.0 [80.0, 100.0]", "twin": "100.0 [90.0, 120.0]", "twin+compile": "190.0 [180.0, 260.0]",
         "twin+cudagraphs": "not run", "twin+compile+cudagraphs": "not run", "speed-up": "2.24x (twin+compile)",
     }  # fmt: skip
-    td3 = table["td3", "Pendulum-v1"]
-    assert [td3[name] for name in VARIANTS] == [
-        "60.0 [50.0, 70.0]", "60.0", "100.0 [90.0, 110.0]", "150.0 [130.0, 170.0]", "300.0 [290.0, 310.0]"
-    ]  # fmt: skip
-    assert (td3["seeds"], td3["speed-up"]) == ("2", "5.00x (twin+compile+cudagraphs)")
-    ppo = table["ppo_continuous", "HalfCheetah-v5"]
-    assert (ppo["plain"], ppo["twin"], ppo["twin+compile"]) == ("200.0", "n/a", "400.0, 1x n/a")
-    assert ppo["speed-up"] == "2.00x (twin+compile)"
-    atari = table["ppo_atari", "Breakout-v5"]
+    td3, ppo, atari = (table[key] for key in list(table)[1:])
+    assert [td3[name] for name in VARIANTS] + [td3["seeds"], td3["speed-up"]] == [
+        "60.0 [50.0, 70.0]", "60.0", "100.0 [90.0, 110.0]", "150.0 [130.0, 170.0]", "300.0 [290.0, 310.0]", "2",
+        "5.00x (twin+compile+cudagraphs)"]  # fmt: skip
+    assert [ppo[name] for name in ("plain", "twin", "twin+compile", "speed-up")] == [
+        "200.0", "n/a", "400.0, 1x n/a", "2.00x (twin+compile)"]  # fmt: skip
     assert (atari["plain"], atari["twin"], atari["speed-up"]) == ("not run", "300.0", "–")
-
-
-def test_return_and_warm_up_tables(hand_made_report):
-    _, text, _ = hand_made_report
-    returns = markdown_table(text, "Final return")
-    assert "speed-up" not in returns["sac", "HalfCheetah-v5"]
-    assert returns["sac", "HalfCheetah-v5"]["plain"] == "2.0 [-10.0, 20.0]"
-    assert returns["sac", "HalfCheetah-v5"]["twin+compile"] == "7.5"
+    sac_return, sac_warm_up = returns["sac", "HalfCheetah-v5"], warm_up["sac", "HalfCheetah-v5"]
+    assert (sac_return["plain"], sac_return["twin+compile"], "speed-up" in sac_return) == (
+        "2.0 [-10.0, 20.0]",
+        "7.5",
+        False,
+    )
     assert returns["ppo_continuous", "HalfCheetah-v5"]["plain"] == "n/a"
-    warm_up = markdown_table(text, "Time to the steady state")
-    assert warm_up["sac", "HalfCheetah-v5"]["plain"] == "0.2 [0.1, 0.6]"
-    assert warm_up["sac", "HalfCheetah-v5"]["twin+compile"] == "9.0 [8.0, 30.0]"
-
-
-def test_header_names_the_machine_and_notes_name_what_is_missing(hand_made_report):
-    out, text, completed = hand_made_report
+    assert (sac_warm_up["plain"], sac_warm_up["twin+compile"]) == ("0.2 [0.1, 0.6]", "9.0 [8.0, 30.0]")
     assert "Machine: Test CPU 9000 (AVX512), 64 cores (32 torch threads), GPU Test GPU" in text
-    assert "torch 2.13.0; runs on device cpu, cuda:0." in text
-    assert f"{len(HAND_MADE)} runs, seeds: 1, 2, 3" in text
+    assert "torch 2.13.0; runs on device cpu, cuda:0." in text and f"{len(HAND_MADE)} runs, seeds: 1, 2, 3" in text
     notes = text.split("Notes:\n", 1)[1]
     assert "2 run(s) too short to measure sps" in notes
     assert "ppo_continuous twin seed 1" in notes and "ppo_continuous twin+compile seed 2" in notes
     assert "failed, not in the tables: ppo_atari_envpool plain seed 1: exit 1, log logs/x.log" in notes
-    assert completed.stdout.strip() == f"table: {out / 'speedup.md'}"
-
-
-def test_plots_are_pngs(hand_made_report):
-    out, _, _ = hand_made_report
-    assert sorted(path.name for path in out.iterdir()) == ["final_return.png", "speedup.md", "sps.png"]
     assert_png(out / "sps.png")
     assert_png(out / "final_return.png")
 
 
-def test_defaults_write_beside_the_results_and_describe_this_machine(tmp_path):
+def test_defaults_bf16_variant_and_repeated_runs(tmp_path):
     """Without --out, the files go beside the results; without machine.json, this machine is described. A --bf16 run
-    (an Atari twin's) is a variant of its own, with its column."""
+    is a variant of its own; two runs of a variant and seed (a --cudagraphs run without CUDA records cudagraphs off)
+    are both counted, and a note says so."""
     bf16 = dict(result("pqn_atari_envpool", "pqn_atari", "Breakout-v5", "twin+compile", 1, 600.0), bf16=True)
-    rows = [*HAND_MADE[:3], result("pqn_atari_envpool", "pqn_atari", "Breakout-v5", "plain", 1, 300.0), bf16]
+    repeats = [result("sac_continuous_action", "sac", "Pendulum-v1", "twin", 1, sps) for sps in (10.0, 30.0)]
+    rows = [*HAND_MADE[:3], result("pqn_atari_envpool", "pqn_atari", "Breakout-v5", "plain", 1, 300.0), bf16, *repeats]
     completed = run_tool(write_results(tmp_path / "results.jsonl", rows))
     assert completed.returncode == 0, describe(completed)
     text = (tmp_path / "speedup.md").read_text()
@@ -174,40 +132,28 @@ def test_defaults_write_beside_the_results_and_describe_this_machine(tmp_path):
     sac, pqn = table["sac", "HalfCheetah-v5"], table["pqn_atari", "Breakout-v5"]
     assert (sac["twin"], sac["twin+compile+bf16"], sac["speed-up"]) == ("not run", "not run", "–")
     assert (pqn["twin+compile+bf16"], pqn["speed-up"]) == ("600.0", "2.00x (twin+compile+bf16)")
+    assert table["sac", "Pendulum-v1"]["twin"] == "20.0 [10.0, 30.0]"
+    assert "sac on Pendulum-v1, twin, seed 1: 2 runs, all counted" in text and "2 runs, all counted" in completed.stderr
     assert_png(tmp_path / "sps.png")
-    assert "Notes:" not in text
 
 
-def test_repeated_runs_of_a_variant_are_kept_and_reported(tmp_path):
-    """A --cudagraphs run without CUDA records cudagraphs off: the tool counts it with the twin's, and says so."""
-    rows = [result("sac_continuous_action", "sac", "Pendulum-v1", "twin", 1, sps) for sps in (10.0, 30.0)]
-    results = write_results(tmp_path / "results.jsonl", rows)
-    completed = run_tool(results)
-    assert completed.returncode == 0, describe(completed)
-    text = (tmp_path / "speedup.md").read_text()
-    assert markdown_table(text, "Training speed")["sac", "Pendulum-v1"]["twin"] == "20.0 [10.0, 30.0]"
-    assert "sac on Pendulum-v1, twin, seed 1: 2 runs, all counted" in text
-    assert "2 runs, all counted" in completed.stderr
+BAD_RESULTS = {  # the results file's content (None: no file), words of the one line on stderr
+    "not-json": (json.dumps(HAND_MADE[0]) + "\nnot json\n", ["line 2", "not a JSON object"]),
+    "missing-field": ('{"script": "a.py"}\n', ["line 1", "algo"]),
+    "empty": ("\n", ["no results"]),
+    "missing-file": (None, ["no results file"]),
+}
 
 
-@pytest.mark.parametrize(
-    "content, words",
-    [
-        (json.dumps(HAND_MADE[0]) + "\nnot json\n", ["line 2", "not a JSON object"]),
-        ('{"script": "a.py"}\n', ["line 1", "algo"]),
-        ("\n", ["no results"]),
-        (None, ["no results file"]),
-    ],
-    ids=["not-json", "missing-field", "empty", "missing-file"],
-)
-def test_bad_results_file_exits_2_with_one_line(tmp_path, content, words):
+@pytest.mark.parametrize("case", BAD_RESULTS)
+def test_bad_results_file_exits_2_with_one_line(tmp_path, case):
+    content, words = BAD_RESULTS[case]
     results = tmp_path / "results.jsonl"
     if content is not None:
         results.write_text(content)
     completed = run_tool(results)
-    assert completed.returncode == 2, describe(completed)
     lines = completed.stderr.strip().splitlines()
-    assert len(lines) == 1 and all(word in lines[0] for word in words), lines
+    assert completed.returncode == 2 and len(lines) == 1 and all(word in lines[0] for word in words), lines
     assert not (tmp_path / "speedup.md").exists()
 
 
@@ -215,42 +161,28 @@ def test_bad_results_file_exits_2_with_one_line(tmp_path, content, words):
 
 
 def run_sh(*args, env=None, script=RUN_SH, timeout=900):
-    full_env = {**os.environ, "PYTHON": sys.executable, **(env or {})}
-    return subprocess.run(
-        [str(script), *args], capture_output=True, text=True, env=full_env, cwd=script.parent, timeout=timeout
-    )
+    return subprocess.run([str(script), *args], capture_output=True, text=True, cwd=script.parent, timeout=timeout,
+                          env={**os.environ, "PYTHON": sys.executable, **(env or {})})  # fmt: skip
 
 
-def test_help_lists_the_options():
-    completed = run_sh("--help")
-    assert completed.returncode == 0, describe(completed)
-    for option in ["--quick", "--tiny", "--seeds", "--scripts", "--out", "--help"]:
-        assert option in completed.stdout, option
-    for variable in ["LEANRL_MODE", "LEANRL_SEEDS", "LEANRL_SCRIPTS", "LEANRL_OUT", "PYTHON"]:
-        assert variable in completed.stdout, variable
-    assert re.search(r"about \d+ minutes on 2 cores", completed.stdout), "no estimate of --quick's duration"
+BAD_OPTIONS = {  # run.sh's options, environment, words of the one line on stderr
+    "unknown": (["--bogus"], {}, ["unknown option", "--bogus"]),
+    "no-value": (["--seeds"], {}, ["--seeds needs a value"]),
+    "bad-seed": (["--seeds", "1 x"], {}, ["seed", "'x'"]),
+    "no-seed": (["--seeds", " "], {}, ["no seeds"]),
+    "unknown-script": (["--scripts", "no_such_script"], {}, ["no pair 'no_such_script'", "sac_continuous_action"]),
+    "bad-mode": ([], {"LEANRL_MODE": "fast"}, ["LEANRL_MODE", "'fast'"]),
+}
 
 
-@pytest.mark.parametrize(
-    "args, env, words",
-    [
-        (["--bogus"], {}, ["unknown option", "--bogus"]),
-        (["--seeds"], {}, ["--seeds needs a value"]),
-        (["--seeds", "1 x"], {}, ["seed", "'x'"]),
-        (["--seeds", " "], {}, ["no seeds"]),
-        (["--scripts", "no_such_script"], {}, ["no pair 'no_such_script'", "sac_continuous_action"]),
-        ([], {"LEANRL_MODE": "fast"}, ["LEANRL_MODE", "'fast'"]),
-    ],
-    ids=["unknown", "no-value", "bad-seed", "no-seed", "unknown-script", "bad-mode"],
-)
-def test_bad_option_exits_2_with_one_line(tmp_path, args, env, words):
+@pytest.mark.parametrize("case", BAD_OPTIONS)
+def test_bad_option_exits_2_with_one_line(tmp_path, case):
+    args, env, words = BAD_OPTIONS[case]
     out = tmp_path / "out"
     completed = run_sh("--out", str(out), *args, env=env)
-    assert completed.returncode == 2, describe(completed)
     lines = completed.stderr.strip().splitlines()
-    assert len(lines) == 1 and all(word in lines[0] for word in words), lines
-    assert completed.stdout == ""
-    assert not out.exists(), "a bad option started a run"
+    assert completed.returncode == 2 and len(lines) == 1 and all(word in lines[0] for word in words), lines
+    assert completed.stdout == "" and not out.exists(), "a bad option started a run"
 
 
 # A stand-in for a training script: it writes a results line (sps: 100 + seed, doubled with --compile, tripled with
@@ -277,17 +209,12 @@ def fake_repo(tmp_path):
     (repo / "benchmarks").mkdir(parents=True)
     (repo / "leanrl").mkdir()
     shutil.copy2(RUN_SH, repo / "run.sh")
-    shutil.copy2(TOOL, repo / "benchmarks" / "speedup_table.py")
-    fakes = {  # file name: (algo, fail_if)
-        "td3_continuous_action": ("td3", "False"),
-        "td3_continuous_action_torchcompile": ("td3", "False"),
-        "sac_continuous_action": ("sac", "False"),
-        "sac_continuous_action_torchcompile": ("sac", "compile_"),
-        "new_algo": ("new", "False"),
-        "new_algo_torchcompile": ("new", "False"),
-        "lonely_torchcompile": ("lonely", "False"),
-        "plain_only": ("plain_only", "False"),
-    }
+    for tool in ("speedup_table.py", "common.py"):
+        shutil.copy2(TOOL.parent / tool, repo / "benchmarks" / tool)
+    fakes = {"td3_continuous_action": ("td3", "False"), "td3_continuous_action_torchcompile": ("td3", "False"),
+             "sac_continuous_action": ("sac", "False"), "sac_continuous_action_torchcompile": ("sac", "compile_"),
+             "new_algo": ("new", "False"), "new_algo_torchcompile": ("new", "False"),
+             "lonely_torchcompile": ("lonely", "False"), "plain_only": ("plain_only", "False")}  # fmt: skip
     for name, (algo, fail_if) in fakes.items():
         (repo / "leanrl" / f"{name}.py").write_text(FAKE_SCRIPT.format(name=f"{name}.py", algo=algo, fail_if=fail_if))
     # The machine's bf16, as the table tool records it for run.sh: fast where the test says so.
@@ -296,98 +223,59 @@ def fake_repo(tmp_path):
     return repo
 
 
-def test_failed_runs_are_reported_and_the_rest_still_make_the_table(fake_repo):
+def test_run_sh_reports_failed_runs_runs_bf16_where_fast_and_makes_the_table(fake_repo):
+    """td3's fake twin declares a --bf16 switch, as the Atari twins do: on a machine where bf16 is fast, its compiled
+    variant runs once more with it. Then --scripts on a machine where bf16 is not fast, and a used --out refused."""
+    twin = fake_repo / "leanrl" / "td3_continuous_action_torchcompile.py"
+    twin.write_text(twin.read_text() + "\n\nclass Args:\n    bf16: bool = False\n")
     out = fake_repo / "runs" / "fake"
-    env = {"LEANRL_MODE": "tiny", "LEANRL_SEEDS": "1 2", "LEANRL_OUT": str(out)}
-    completed = run_sh(env=env, script=fake_repo / "run.sh", timeout=300)
+    env = {"LEANRL_MODE": "tiny", "LEANRL_SEEDS": "1 2", "LEANRL_OUT": str(out), "FAKE_FAST_BF16": "1"}
+    completed = run_sh(env={**env, "CUDA_VISIBLE_DEVICES": ""}, script=fake_repo / "run.sh", timeout=300)
     assert completed.returncode == 1, describe(completed)
-    stdout = completed.stdout
 
-    # Three pairs x three CPU variants x two seeds, seed after seed, in the order of the files.
-    progress = re.findall(r"^\[(\d+)/(\d+)\] (\S+) (\S+) seed (\d+) \.\.\. (.*)$", stdout, re.MULTILINE)
-    assert [(int(n), int(total)) for n, total, *_ in progress] == [(n, 18) for n in range(1, 19)]
-    order = [(seed, script, variant) for _, _, script, variant, seed, _ in progress]
-    pairs = ["new_algo", "sac_continuous_action", "td3_continuous_action"]
+    # Three pairs x three CPU variants (and td3's bf16 one) x two seeds, seed after seed, in the order of the files.
+    progress = re.findall(r"^\[(\d+)/(\d+)\] (\S+) (\S+) seed (\d+) \.\.\. (.*)$", completed.stdout, re.MULTILINE)
+    assert [(int(n), int(total)) for n, total, *_ in progress] == [(n, 20) for n in range(1, 21)]
     variants = ["plain", "twin", "twin+compile"]
-    assert order == [(seed, s, v) for seed in "12" for s in pairs for v in variants]
+    expected = [(seed, s, v) for seed in "12" for s in ("new_algo", "sac_continuous_action", "td3_continuous_action")
+                for v in variants + ["twin+compile+bf16"] * s.startswith("td3")]  # fmt: skip
+    assert [(seed, s, v) for _, _, s, v, seed, _ in progress] == expected
     outcome = {(seed, script, variant): text for _, _, script, variant, seed, text in progress}
     assert re.fullmatch(r"204\.0 sps \(\d+ s\)", outcome["2", "td3_continuous_action", "twin+compile"])
     assert outcome["1", "sac_continuous_action", "twin+compile"] == "FAILED (exit 1): fake: broken on purpose"
     assert outcome["1", "new_algo", "plain"] == "FAILED: no tiny budget for new_algo in run.sh's budget table"
 
-    # The report at the end: 6 runs of new_algo and 2 of sac's compiled twin.
-    report = stdout.split("\n\n")[1].splitlines()
-    assert report[0] == "8 of 18 runs failed:"
+    # The report at the end (6 runs of new_algo, 2 of sac's compiled twin), also in failed.txt.
+    report = completed.stdout.split("\n\n")[1].splitlines()
+    assert report[0] == "8 of 20 runs failed:" and sum("new_algo" in line for line in report) == 6
     assert (
         "  sac_continuous_action twin+compile seed 2: exit 1, log logs/sac_continuous_action-twin-compile-seed2.log"
         in report
     )
-    assert sum("new_algo" in line for line in report) == 6
-    assert "table: " + str(out / "speedup.md") in stdout
     assert (out / "failed.txt").read_text().splitlines() == [line.strip() for line in report[1:]]
-
-    # Every run got the budget flags and its seed; the failed run's log holds its message.
-    log = (out / "logs" / "td3_continuous_action-twin-compile-seed2.log").read_text()
+    # Every run got the budget flags, its seed and its variant's flags; the failed run's log holds its message.
+    log = (out / "logs" / "td3_continuous_action-twin-compile-bf16-seed2.log").read_text()
     assert "--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 300 --seed 2" in log
-    assert log.rstrip().endswith("--compile")
+    assert log.split()[-2:] == ["--compile", "--bf16"]
     assert "broken on purpose" in (out / "logs" / "sac_continuous_action-twin-compile-seed1.log").read_text()
 
     # The table is made of the runs that worked; the failed ones are named under it.
     text = (out / "speedup.md").read_text()
     table = markdown_table(text, "Training speed")
     assert list(table) == [("sac", "Pendulum-v1"), ("td3", "Pendulum-v1")]
-    assert table["td3", "Pendulum-v1"]["twin+compile"] == "203.0 [202.0, 204.0]"
-    assert table["td3", "Pendulum-v1"]["speed-up"] == "2.00x (twin+compile)"
-    assert table["sac", "Pendulum-v1"]["twin+compile"] == "not run"
-    assert table["sac", "Pendulum-v1"]["speed-up"] == "1.00x (twin)"
+    td3, sac = table["td3", "Pendulum-v1"], table["sac", "Pendulum-v1"]
+    assert (td3["twin+compile"], td3["twin+compile+bf16"]) == ("203.0 [202.0, 204.0]", "609.0 [606.0, 612.0]")
+    assert td3["speed-up"] == "6.00x (twin+compile+bf16)"
+    assert (sac["twin+compile"], sac["twin+compile+bf16"], sac["speed-up"]) == ("not run", "not run", "1.00x (twin)")
     assert "failed, not in the tables: sac_continuous_action twin+compile seed 1: exit 1" in text
-    assert_png(out / "sps.png")
 
-
-def test_scripts_option_runs_only_those(fake_repo):
-    out = fake_repo / "only_td3"
-    completed = run_sh("--tiny", "--scripts", "td3_continuous_action.py", "--out", "only_td3",
-                       script=fake_repo / "run.sh", timeout=300)  # fmt: skip
+    completed = run_sh("--tiny", "--scripts", "td3_continuous_action.py", "--out", "td3", script=fake_repo / "run.sh",
+                       env={"FAKE_FAST_BF16": "0", "CUDA_VISIBLE_DEVICES": ""})  # fmt: skip
     assert completed.returncode == 0, describe(completed)
-    assert re.findall(r"^\[\d+/(\d+)\] (\S+)", completed.stdout, re.MULTILINE) == [("3", "td3_continuous_action")] * 3
-    assert "all 3 runs succeeded" in completed.stdout
-    assert len((out / "results.jsonl").read_text().splitlines()) == 3
-    completed = run_sh("--tiny", "--out", "only_td3", script=fake_repo / "run.sh")
+    progress = re.findall(r"^\[\d+/3\] (\S+) (\S+) seed 1 \.\.\. \d", completed.stdout, re.MULTILINE)
+    assert progress == [("td3_continuous_action", variant) for variant in variants]
+    completed = run_sh("--tiny", "--out", "td3", script=fake_repo / "run.sh")
     assert completed.returncode == 2 and "already holds a results.jsonl" in completed.stderr, describe(completed)
-
-
-@pytest.mark.parametrize("fast", [True, False], ids=["fast-bf16", "no-fast-bf16"])
-def test_a_twin_with_bf16_runs_once_more_with_it_where_bf16_is_fast(fake_repo, fast):
-    """td3's fake twin declares a --bf16 switch, as the Atari twins do; sac's does not."""
-    twin = fake_repo / "leanrl" / "td3_continuous_action_torchcompile.py"
-    twin.write_text(twin.read_text() + "\n\nclass Args:\n    bf16: bool = False\n")
-    out = fake_repo / "bf16"
-    env = {"FAKE_FAST_BF16": "1" if fast else "0", "CUDA_VISIBLE_DEVICES": ""}
-    completed = run_sh("--tiny", "--scripts", "td3_continuous_action sac_continuous_action", "--out", str(out),
-                       env=env, script=fake_repo / "run.sh", timeout=300)  # fmt: skip
-    assert completed.returncode == 1, describe(completed)  # sac's fake twin fails with --compile
-    progress = re.findall(r"^\[\d+/(\d+)\] (\S+) (\S+) seed 1", completed.stdout, re.MULTILINE)
-    bf16_runs = [("td3_continuous_action", "twin+compile+bf16")] if fast else []
-    variants = ("plain", "twin", "twin+compile")
-    expected = [(s, v) for s in ("sac_continuous_action", "td3_continuous_action") for v in variants] + bf16_runs
-    assert sorted((script, variant) for _, script, variant in progress) == sorted(expected)
-    assert {total for total, *_ in progress} == {str(len(expected))}
-    assert ("skipping the --bf16 variant" in completed.stdout) == (not fast), completed.stdout
-    table = markdown_table((out / "speedup.md").read_text(), "Training speed")
-    if fast:
-        assert (out / "logs" / "td3_continuous_action-twin-compile-bf16-seed1.log").read_text().split()[-2:] == [
-            "--compile", "--bf16"]  # fmt: skip
-        assert table["td3", "Pendulum-v1"]["twin+compile+bf16"] == "606.0"
-        assert table["sac", "Pendulum-v1"]["twin+compile+bf16"] == "not run"
-        assert table["td3", "Pendulum-v1"]["speed-up"] == "6.00x (twin+compile+bf16)"
-    else:
-        assert "twin+compile+bf16" not in table["td3", "Pendulum-v1"]
-
-
-def all_pairs():
-    """Every pair of leanrl/, named by its plain script: each X_torchcompile.py whose X.py exists (as run.sh does)."""
-    return sorted(path.name[: -len("_torchcompile.py")] for path in SCRIPTS_DIR.glob("*_torchcompile.py")
-                  if (SCRIPTS_DIR / path.name.replace("_torchcompile", "")).is_file())  # fmt: skip
 
 
 # Where each pair's tests of the results line (the plain script, two seeds) and of the twin's flag combinations (the
@@ -404,68 +292,40 @@ TINY_RUN_TESTS = {  # pair: (test module, its TinyRun)
     "sac_continuous_action": ("test_sac_td3_runs", "TINY_RUN"),
     "td3_continuous_action": ("test_sac_td3_runs", "TINY_RUN"),
 }
-RESULTS_TESTS = (
-    "test_plain_results_line_is_appended",
-    "test_twin_runs_with_every_flag_combination_and_appends_results",
-)
 
 
 def test_every_pair_has_a_tiny_budget_that_its_tests_run():
     """run.sh has a tiny budget for every pair, and the pair's results-line and flag-combination tests run on it: so
     the tiny run below, end to end, can take two pairs and still stand for every pair's line of run.sh --tiny."""
-    pairs = all_pairs()
-    assert len(pairs) >= 3, pairs
+    pairs = [twin.name.removesuffix("_torchcompile.py") for twin in SCRIPTS_DIR.glob("*_torchcompile.py")]
+    pairs = sorted(pair for pair in pairs if (SCRIPTS_DIR / f"{pair}.py").is_file())  # as run.sh finds them
     assert sorted(TINY_RUN_TESTS) == pairs, "a pair whose tests of run.sh's tiny budget are not listed here"
     for pair, (module_name, attribute) in TINY_RUN_TESTS.items():
         flags = run_sh_budget("tiny", pair)
         assert "--total-timesteps" in flags, (pair, flags)
         module = importlib.import_module(module_name)
         assert getattr(module, attribute).flags == flags, f"{module_name}.{attribute} is not run.sh's tiny {pair}"
-        for test in RESULTS_TESTS:
-            assert callable(getattr(module, test, None)), f"{module_name} has no {test}"
-
-
-# Two pairs of the cheapest tiny runs: small MLPs on classic-control and MuJoCo envs.
-END_TO_END_PAIRS = ("dqn", "ppo_continuous_action")
+        for test in ("plain_results_line_is_appended", "twin_runs_with_every_flag_combination_and_appends_results"):
+            assert callable(getattr(module, f"test_{test}", None)), f"{module_name} has no test_{test}"
 
 
 def test_tiny_run_end_to_end(tmp_path):
-    """CI's run of run.sh: two pairs of leanrl/ in the CPU variants, one seed; the table has a number where a run
-    was. (Every pair's tiny budget is run by its own tests: test_every_pair_has_a_tiny_budget_that_its_tests_run.)"""
-    pairs = sorted(END_TO_END_PAIRS)
-    assert set(pairs) < set(all_pairs()), pairs
+    """CI's run of run.sh: two pairs of leanrl/ (small MLPs, the cheapest tiny runs) in the CPU variants, one seed;
+    the table has a number where a run was."""
+    pairs = ["dqn", "ppo_continuous_action"]
     out = tmp_path / "tiny"
-    cpu_only = {"CUDA_VISIBLE_DEVICES": ""}  # the CPU variants, also on a GPU
-    completed = run_sh("--tiny", "--scripts", " ".join(pairs), "--out", str(out), env=cpu_only)
+    completed = run_sh("--tiny", "--scripts", " ".join(pairs), "--out", str(out), env={"CUDA_VISIBLE_DEVICES": ""})
     assert completed.returncode == 0, describe(completed)
-    lines = completed.stdout.splitlines()
-
-    runs = 3 * len(pairs)
-    assert len([line for line in lines if line.startswith("[")]) == runs
-    for n in range(1, runs + 1):
-        assert any(line.startswith(f"[{n}/{runs}] ") and line.endswith(" s)") for line in lines), n
-    before_the_table = lines[: lines.index(f"all {runs} runs succeeded")]
-    skipped = [line for line in before_the_table if "cudagraphs" in line]
-    assert len(skipped) == 1 and "skip" in skipped[0], skipped
-    assert not (out / "failed.txt").exists()
-    assert (
-        f"table: {out / 'speedup.md'}, plots: {out / 'sps.png'} {out / 'final_return.png'}, logs: {out / 'logs'}/"
-        in lines
-    )
-
+    progress = re.findall(r"^\[(\d+)/6\] .* \.\.\. \d+\.\d sps \(\d+ s\)$", completed.stdout, re.MULTILINE)
+    assert progress == [str(n) for n in range(1, 7)] and not (out / "failed.txt").exists(), completed.stdout
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert sorted(row["script"] for row in results) == sorted(
-        f"{pair}{suffix}.py" for pair in pairs for suffix in ("", "_torchcompile", "_torchcompile")
-    )
-    assert len(list((out / "logs").glob("*.log"))) == runs
-
+    scripts = [f"{pair}{suffix}.py" for pair in pairs for suffix in ("", "_torchcompile", "_torchcompile")]
+    assert sorted(row["script"] for row in results) == sorted(scripts)
     table = markdown_table((out / "speedup.md").read_text(), "Training speed")
-    assert sorted(algo for algo, _ in table) == sorted({row["algo"] for row in results})
-    assert len(table) == len(pairs)
+    assert sorted(algo for algo, _ in table) == sorted({row["algo"] for row in results}) and len(table) == len(pairs)
     for row in table.values():
         for name in ["plain", "twin", "twin+compile"]:
-            assert re.fullmatch(NUMBER, row[name]), row
+            assert re.fullmatch(r"-?\d+\.\d", row[name]), row
         assert row["twin+cudagraphs"] == row["twin+compile+cudagraphs"] == "not run", row
         assert re.fullmatch(r"\d+\.\d\dx \(twin(\+compile)?\)", row["speed-up"]), row
     assert_png(out / "sps.png")
-    assert_png(out / "final_return.png")
