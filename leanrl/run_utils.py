@@ -246,11 +246,11 @@ class Run:
             exit_with_error(f"cannot write the episode record {path}: {error.strerror or error}")
 
     def on_signal(self, signum, frame):
-        """Ctrl-C or SIGTERM: the run ends after this step. A second signal is the user's "now": the default handler,
-        which kills; but under torchrun, which passes a signal on to workers that may have had it already."""
+        """Ctrl-C or SIGTERM: the run ends after this step. A second signal is the user's "now": the default handlers,
+        which kill; but under torchrun, which passes a signal on to workers that may have had it already."""
         self.stop_signals.append(signum)
-        if "RANK" not in os.environ:
-            signal.signal(signum, signal.SIG_DFL)
+        for stop in (signal.SIGINT, signal.SIGTERM) if "RANK" not in os.environ else ():
+            signal.signal(stop, signal.SIG_DFL)
 
     @property
     def stopping(self):
@@ -659,11 +659,9 @@ def world():
 
 
 def fast_bf16(device):
-    """Whether the device computes bf16 faster than fp32, so that --bf16 pays: a CUDA GPU of compute capability 8 or
-    more (tensor cores); a CPU with AMX (Intel's, Sapphire Rapids on), or an AMD CPU with AVX512-BF16 (Zen 4 on;
-    measured on a Zen 5). An Intel CPU with AVX512-BF16 and no AMX (measured on a Xeon VM that hides its AMX) computes
-    bf16 natively but no faster, and pays the casts: --bf16 is slower there (docs/speed_cpu.md). Elsewhere bf16 is
-    emulated, 15x slower."""
+    """Whether the device computes bf16 faster than fp32, so that --bf16 pays (docs/speed_cpu.md): a CUDA GPU of
+    compute capability 8 or more, a CPU with AMX, an AMD CPU with AVX512-BF16. An Intel CPU with AVX512-BF16 but no
+    AMX computes bf16 no faster and pays the casts; elsewhere bf16 is emulated, 15x slower."""
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device)[0] >= 8
     amd_avx512_bf16 = torch.cpu._is_avx512_bf16_supported() and cpu_vendor() == "AuthenticAMD"

@@ -24,7 +24,7 @@ BENCHMARKS = REPO_ROOT / "benchmarks"
 # Tools whose own test file runs them end to end, as a user does.
 TESTED_ELSEWHERE = {
     "env_speed.py": "tests/test_env_speed.py (a subprocess over the PPO scripts' envs, with hand-made results)",
-    "learning_curves.py": "tests/test_learning_curves.py (run, record, plot and table, in subprocesses)",
+    "learning_curves.py": "tests/test_learning_curves.py (run, resume, plot and table, in subprocesses)",
     "peers.py": "tests/test_peers.py (a subprocess over fake clones of LeanRL and CleanRL and fake scripts of ours)",
     "rpc_agent_observer.py": "tests/test_rpc_agent_observer.py (worlds of processes, in a subprocess)",
     "speedup_table.py": "tests/test_speedup_table.py (a subprocess over hand-made results; run.sh --tiny)",
