@@ -1,27 +1,22 @@
 """Micro-benchmark: action selection and one update of each algorithm, eager against compile configurations.
 
-The pieces are the scripts' own (their `build_*` functions), timed in isolation on random inputs: action
+The agents are the scripts' own (their `build_*` functions), timed in isolation on random inputs: action
 selection at batch 1, 4, 16 and 256 (PPO Atari: 8, its envs' count), and one update at the training batch size. Each
 configuration gets a fresh copy of the script, so compiled code is never shared between configurations. All
 configurations are compiled first, then timed in turn within each repeat (a slow spell of a shared machine hits them
 alike); times are medians over the repeats of many calls each, and the speed-up is against the plain script in eager
-mode. "twin --compile, every guard" is the twin compiled without the guard_filter_fn it gives torch.compile (SAC,
-TD3, continuous PPO, DQN skip those on the code's structure, run_utils.value_guards): what dynamo's full checks cost
-each call; "twin --compile, tensor guards only" keeps only the tensors' guards, as these twins did until a second build
-in one process was found to reuse the first build's graph: what the value guards cost over that unsafe filter. The
---bf16 configurations (SAC, TD3, PPO Atari: the twins with the switch) run only where the device computes bf16
+mode. "twin --compile, cpp_wrapper" calls the compiled code from generated C++ (the continuous PPO twin's choice on a
+CPU). The --bf16 configurations (SAC, TD3, PPO Atari: the twins with the switch) run only where the device computes bf16
 faster than fp32 (run_utils.fast_bf16); elsewhere a line says they are skipped.
 
 A second table puts each update next to its matmul floor, measured in the same run: the matrix products (and PPO
 Atari's convolutions) that the twin's update makes, recorded with their shapes, strides and dtypes, replayed alone on
 random tensors; the --bf16 update next to the floor of the eager --bf16 twin's products (bf16 where autocast runs them
 in bf16). Their FLOPs divided by that time is this machine's fp32 rate at those shapes; the floor is what the update
-would take if it did nothing but these products. With --pieces, SAC's and TD3's critic update and actor update are
-also timed on their own, each next to the products it makes: which of the two is further from its floor.
+would take if it did nothing but these products.
 
     python benchmarks/micro_benchmark.py                         # every algorithm, on CPU (and CUDA if present)
     python benchmarks/micro_benchmark.py --algos sac --repeats 7 --out micro.md
-    python benchmarks/micro_benchmark.py --algos td3 --configs "twin --compile" --pieces --repeats 9
     python benchmarks/micro_benchmark.py --algos sac td3 --configs "plain (eager)" "twin --compile" \
         "twin --compile --bf16" --repeats 9                       # bf16 against fp32, each against its floor
     python benchmarks/micro_benchmark.py --algos dqn --configs "plain (eager)" "twin (eager)" --repeats 1 --calls 2
@@ -29,11 +24,8 @@ also timed on their own, each next to the products it makes: which of the two is
 """
 
 import argparse
-import contextlib
-import importlib.util
 import itertools
 import os
-import re
 import statistics
 import sys
 import time
@@ -43,7 +35,7 @@ import numpy as np
 import torch
 import torch._dynamo.config
 import torch._inductor.config
-from speedup_table import cpu_name  # benchmarks/ is on the path when this file runs
+from common import cpu_name, load_script  # benchmarks/ is on the path when this file runs
 from tensordict import TensorDict
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
@@ -57,17 +49,6 @@ CARTPOLE_OBS_DIM, CARTPOLE_ACTIONS = 4, 2  # DQN's default env, CartPole-v1
 ATARI_FRAMES, ATARI_ACTIONS = (4, 84, 84), 4  # PPO Atari's stacked frames; Breakout-v5's actions
 ACTION_BATCHES = (1, 4, 16, 256)
 _module_counter = itertools.count()
-
-
-def load_script(name):
-    """A fresh module of leanrl/<name>.py (its own code objects, so its own compile caches)."""
-    path = ROOT / "leanrl" / f"{name}.py"
-    module_name = f"micro_{name}_{next(_module_counter)}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def replay_batch(batch_size, device):
@@ -149,12 +130,6 @@ def dqn_update(agent, batch, which):
     agent.update(batch if which == "twin" else dict(batch.items()))
 
 
-# The parts of an off-policy update that --pieces times on their own, each against its own products.
-PIECES = {"critic update": lambda agent, batch: agent.update_critic(batch),
-          "actor update": lambda agent, batch: agent.update_actor(batch)}  # fmt: skip
-PIECE_ALGOS = ("sac", "td3")
-
-
 def policy_act(agent, obs, which):
     return agent.policy(obs)
 
@@ -221,25 +196,15 @@ CONFIGS = {
     "plain (eager)": ("plain", {}, {}, ("cpu", "cuda")),
     "twin (eager)": ("twin", {}, {}, ("cpu", "cuda")),
     "twin --compile": ("twin", {"compile": True}, {}, ("cpu", "cuda")),
-    "twin --compile, max-autotune": ("twin", {"compile": True}, {"max_autotune": True}, ("cpu", "cuda")),
     "twin --compile, cpp_wrapper": ("twin", {"compile": True}, {"cpp_wrapper": True}, ("cpu", "cuda")),
-    # The twin compiled without its guard_filter_fn (SAC, TD3, continuous PPO, DQN): dynamo checks every guard.
-    "twin --compile, every guard": ("twin", {"compile": True}, {}, ("cpu", "cuda")),
-    # The same twins with only the tensors' guards (torch.compiler.keep_tensor_guards_unsafe): unsafe, measured only.
-    "twin --compile, tensor guards only": ("twin", {"compile": True}, {}, ("cpu", "cuda")),
     # Hidden layers in bf16 (the twins with --bf16), where the device computes bf16 faster than fp32.
     "twin --compile --bf16": ("twin", {"compile": True, "bf16": True}, {}, ("cpu", "cuda")),
     "twin --compile --cudagraphs": ("twin", {"compile": True, "cudagraphs": True}, {}, ("cuda",)),
 }
 
 
-# The configurations that replace a twin's guard_filter_fn, by what they replace it with (None: no filter).
-OTHER_GUARDS = {"twin --compile, every guard": None,
-                "twin --compile, tensor guards only": torch.compiler.keep_tensor_guards_unsafe}  # fmt: skip
-
-
 # calls per timed run, by measure
-CALLS_PER_TIMING = {"act": 200, "update": 50, "matmul floor": 50, **dict.fromkeys(PIECES, 50)}
+CALLS_PER_TIMING = {"act": 200, "update": 50, "matmul floor": 50}
 
 
 def time_per_call(fn, calls):
@@ -252,45 +217,23 @@ def time_per_call(fn, calls):
     return (time.perf_counter() - start) / calls
 
 
-@contextlib.contextmanager
-def other_guards(guard_filter_fn):
-    """torch.compile with this guard_filter_fn (None: none, every guard) in place of the one a twin gives it, for the
-    twins built in this context."""
-    compile_ = torch.compile
-
-    def compile_with_other_guards(fn, *args, options=None, **kwargs):
-        options = dict(options or {})
-        if options.pop("guard_filter_fn", None) and guard_filter_fn:
-            options["guard_filter_fn"] = guard_filter_fn
-        return compile_(fn, *args, options=options, **kwargs)
-
-    torch.compile = compile_with_other_guards
-    try:
-        yield
-    finally:
-        torch.compile = compile_
-
-
-def prepare(algo, config, device, acting=True, pieces=False, **more_inductor_options):
-    """{(measure, batch): a call to time} for one algorithm, configuration and device, compiled and warmed up; without
-    acting, only the update; with pieces (SAC, TD3), the critic's and the actor's update too."""
+def prepare(algo, config, device):
+    """{(measure, batch): a call to time} for one algorithm, configuration and device, compiled and warmed up."""
     plain_name, build, update, train_batch, make_batch, act, observations, act_batches = ALGOS[algo]
     which, flags, inductor_options, _ = CONFIGS[config]
-    inductor_options = {**inductor_options, **more_inductor_options}
     script = plain_name if which == "plain" else f"{plain_name}_torchcompile"
 
     def new_agent():
         """The agent of a fresh copy of the script: compiled code of its own (dynamo keeps it per code object)."""
         torch.manual_seed(0)
         module = load_script(script)
-        with other_guards(OTHER_GUARDS[config]) if config in OTHER_GUARDS else contextlib.nullcontext():
-            return build(module, module.Args(**flags), device)
+        return build(module, module.Args(**flags), device)
 
     agent = new_agent()
     calls = {}
     # Compilation happens at the first calls, so the inductor options stay patched through the warm-up.
     with torch._inductor.config.patch(inductor_options):
-        for batch in act_batches if acting else ():
+        for batch in act_batches:
             obs = observations(batch, device)
             # Compiled, each batch size gets an agent (and a graph) of its own, as a run has one: a CUDA graph replays
             # one input shape, and dynamo's lookup among several compiled shapes is not a run's cost.
@@ -298,8 +241,6 @@ def prepare(algo, config, device, acting=True, pieces=False, **more_inductor_opt
             calls[("act", batch)] = lambda obs=obs, actor=actor: act(actor, obs, which)
         data = make_batch(train_batch, device)
         calls[("update", train_batch)] = lambda: update(agent, data, which)
-        for piece, piece_update in PIECES.items() if pieces else ():
-            calls[(piece, train_batch)] = lambda piece_update=piece_update: piece_update(agent, data)
         for call in calls.values():
             for _ in range(10):  # compile and warm up (CUDA graphs are recorded after a few calls)
                 call()
@@ -326,10 +267,9 @@ class MatmulRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def prepare_matmul_floors(algo, device, pieces=False, bf16=False):
-    """(the update's FLOPs, {(measure, batch): a call that replays alone the matrix products of one update of the eager
-    twin (with bf16, the --bf16 twin's)}), measure "matmul floor"; with pieces, also those of each of PIECES, measured
-    by its name."""
+def prepare_matmul_floors(algo, device, bf16=False):
+    """(the update's FLOPs, {("matmul floor", batch): a call that replays alone the matrix products of one update of
+    the eager twin (with bf16, the --bf16 twin's)})."""
     plain_name, build, update, train_batch, make_batch, *_ = ALGOS[algo]
     module = load_script(f"{plain_name}_torchcompile")
     torch.manual_seed(0)
@@ -338,7 +278,6 @@ def prepare_matmul_floors(algo, device, pieces=False, bf16=False):
     for _ in range(3):
         update(agent, data, "twin")
     steps = {"matmul floor": lambda: update(agent, data, "twin")}
-    steps.update({piece: lambda step=step: step(agent, data) for piece, step in PIECES.items()} if pieces else {})
 
     def random_tensor(shape, stride, dtype):
         storage_size = 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
@@ -367,57 +306,26 @@ def prepare_matmul_floors(algo, device, pieces=False, bf16=False):
     return flops["matmul floor"], floors
 
 
-# Where an update's time goes on a CPU, by the profiler's events: their own time (not their children's), but the
-# optimizer's calls, whose events hold their kernels. What no event holds is the compiled calls' entry (guards, the
-# wrappers around the graphs), Python, and the profiler's own cost, which makes a profiled update slower.
-BREAKDOWN = {
-    "matrix products": re.compile(r"(aten::|aoti_torch_cpu_)(mm|bmm|addmm|mkldnn_convolution|convolution_backward)"
-                                  r"(_out)?"),
-    "inductor's fused kernels": re.compile(r"graph_\d+_cpp_fused_\w+"),  # named by cpp.enable_kernel_profile
-    "optimizer step and zero_grad": re.compile(r"Optimizer\.(step|zero_grad)#\w+\.\w+"),
-}  # fmt: skip
-
-
-def update_breakdown(algo, config, calls):
-    """{kind of work: seconds per update} of one CPU update, from a profile of `calls` updates of a fresh copy whose
-    fused kernels name themselves in the profile; "update" is the profiled update's wall time."""
-    train_batch = ALGOS[algo][3]
-    options = {"cpp.enable_kernel_profile": True}
-    update = prepare(algo, config, torch.device("cpu"), acting=False, **options)[("update", train_batch)]
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        start = time.perf_counter()
-        for _ in range(calls):
-            update()
-        seconds = {"update": time.perf_counter() - start}
-    for kind, name in BREAKDOWN.items():
-        events = [event for event in profile.key_averages() if name.fullmatch(event.key)]
-        seconds[kind] = sum(e.cpu_time_total if kind.startswith("optimizer") else e.self_cpu_time_total for e in events)
-        seconds[kind] /= 1e6  # the profiler counts microseconds
-    seconds["the rest"] = seconds["update"] - sum(seconds[kind] for kind in BREAKDOWN)
-    return {kind: value / calls for kind, value in seconds.items()}
-
-
 def has_bf16(algo):
     """Whether the algorithm's twin has --bf16."""
     return hasattr(load_script(f"{ALGOS[algo][0]}_torchcompile").Args, "bf16")
 
 
-def measure(algo, configs, device, repeats, pieces=False):
+def measure(algo, configs, device, repeats):
     """{configuration: {(measure, batch): median seconds per call}}, and the update's FLOPs; "matmul floor" holds the
-    floors, of the update and (with pieces, SAC and TD3) of each of PIECES; "matmul floor (bf16)" those of the --bf16
+    floor of the update; "matmul floor (bf16)" that of the --bf16
     twin, when a --bf16 configuration is among them.
 
     Every configuration is compiled first; then each repeat times every call of every configuration in turn,
     the matmul floor among them, so that a slow spell of a shared machine hits all of them alike.
     """
-    pieces = pieces and algo in PIECE_ALGOS
     calls = {}
     for config in configs:
         print(f"{algo} on {device.type}: compiling and warming up {config}", flush=True)
-        calls[config] = prepare(algo, config, device, pieces=pieces)
-    flops, calls["matmul floor"] = prepare_matmul_floors(algo, device, pieces)
+        calls[config] = prepare(algo, config, device)
+    flops, calls["matmul floor"] = prepare_matmul_floors(algo, device)
     if any(CONFIGS[config][1].get("bf16") for config in configs):
-        calls["matmul floor (bf16)"] = prepare_matmul_floors(algo, device, pieces, bf16=True)[1]
+        calls["matmul floor (bf16)"] = prepare_matmul_floors(algo, device, bf16=True)[1]
     times = {config: {key: [] for key in config_calls} for config, config_calls in calls.items()}
     for repeat in range(repeats):
         print(f"{algo} on {device.type}: timing, repeat {repeat + 1} of {repeats}", flush=True)
@@ -440,17 +348,6 @@ def main():
         type=int,
         default=None,
         help="calls per timed run (default: 200 to act, 50 to update and for the matmul floor)",
-    )
-    parser.add_argument(
-        "--breakdown",
-        action="store_true",
-        help="also profile each configuration's CPU update: the time of its matrix products, of inductor's fused "
-        "kernels, of the optimizer, and the rest",
-    )
-    parser.add_argument(
-        "--pieces",
-        action="store_true",
-        help="SAC and TD3: also time the critic's update and the actor's update alone, each against its own products",
     )
     args = parser.parse_args()
     if args.repeats <= 0:
@@ -476,7 +373,6 @@ def main():
         "|---|---|---|---|---|---|---|---|",
     ]
     floors = {}  # (algo, device type) -> (FLOPs, floor, {configuration: update seconds})
-    piece_rows = []
     for algo, device_type in itertools.product(args.algos, devices):
         device = torch.device(device_type)
         configs = [config for config in args.configs if device_type in CONFIGS[config][3]]
@@ -487,7 +383,7 @@ def main():
             if skipped:
                 why = "has no --bf16" if not twin_has_bf16 else f"{device} does not compute bf16 faster than fp32"
                 print(f"{algo} on {device_type}: skipping {', '.join(skipped)}: its twin {why}", flush=True)
-        measured, flops = measure(algo, configs, device, args.repeats, args.pieces)
+        measured, flops = measure(algo, configs, device, args.repeats)
         train_batch = ALGOS[algo][3]
         floor_of = measured.pop("matmul floor")
         bf16_floor_of = measured.pop("matmul floor (bf16)", {})
@@ -497,14 +393,6 @@ def main():
             {config: measured[config][("update", train_batch)] for config in configs},
             bf16_floor_of.get(("matmul floor", train_batch)),
         )
-        for piece, config in itertools.product(PIECES, configs):
-            if (piece, train_batch) in floor_of:
-                floors_here = bf16_floor_of if CONFIGS[config][1].get("bf16") else floor_of
-                seconds, floor = measured[config][(piece, train_batch)], floors_here[(piece, train_batch)]
-                piece_rows.append(
-                    f"| {algo} | {device_type} | {piece} | {floor * 1e6:.0f} | {config} | {seconds * 1e6:.0f} "
-                    f"({seconds / floor:.2f}x) |"
-                )
         baseline = measured.get("plain (eager)")
         for key in measured[configs[0]]:
             for config in configs:
@@ -534,30 +422,6 @@ def main():
                 f"{flops / floor / 1e9:.0f} | {plain * 1e6:.0f} ({plain / floor:.2f}x) | "
                 f"{twin * 1e6:.0f} ({twin / floor:.2f}x) | {bf16_cells} |"
             )
-    if piece_rows:
-        lines += [
-            "",
-            "| algorithm | device | piece | its matmul floor (us) | configuration | us (x floor) |",
-            "|---|---|---|---|---|---|",
-            *piece_rows,
-        ]
-    if args.breakdown and "cpu" in devices:
-        kinds = ["update", *BREAKDOWN, "the rest"]
-        lines += [
-            "",
-            f"Where a CPU update's time goes, us per update (share of the profiled update), "
-            f"{CALLS_PER_TIMING['update']} profiled updates:",
-            "",
-            "| algorithm | configuration | " + " | ".join(kinds) + " |",
-            "|---|---|" + "---|" * len(kinds),
-        ]
-        for algo, config in itertools.product(args.algos, args.configs):
-            if "cpu" not in CONFIGS[config][3]:
-                continue
-            print(f"{algo} on cpu: profiling the update of {config}", flush=True)
-            seconds = update_breakdown(algo, config, CALLS_PER_TIMING["update"])
-            cells = [f"{seconds[kind] * 1e6:.0f} ({seconds[kind] / seconds['update']:.0%})" for kind in kinds[1:]]
-            lines.append(f"| {algo} | {config} | {seconds['update'] * 1e6:.0f} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     print("\n" + table)
     if args.out:
