@@ -17,17 +17,33 @@ Exit status 1 when fp32's gradient of one batch, computed twice, differs (the co
 """
 
 import argparse
+import inspect
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
-from micro_benchmark import load_script  # benchmarks/ is on the path when this file runs
-from speedup_table import describe_machine, fail, machine_text
+from common import describe_machine, fail, load_script, machine_text  # benchmarks/ is on the path when this file runs
 
 ROOT = Path(__file__).resolve().parent.parent
 TWINS = {"sac": "sac_continuous_action_torchcompile", "td3": "td3_continuous_action_torchcompile"}
+
+
+def reached(function, name):
+    """A variable of the twin's build function that an update function it returns reaches (its namespace hands out the
+    updates, not the networks): in the update's closure or its closure's functions', the first found."""
+    functions, seen = [function], set()
+    while functions:
+        function = inspect.unwrap(functions.pop(0))
+        if not inspect.isfunction(function) or function in seen:
+            continue
+        seen.add(function)
+        cells = dict(zip(function.__code__.co_freevars, function.__closure__ or (), strict=True))
+        if name in cells:
+            return cells[name].cell_contents
+        functions += [cell.cell_contents for cell in cells.values()]
+    raise AttributeError(f"{name!r} is not reached from the update")
 
 
 def gradients(agent, state, batches, network):
@@ -38,10 +54,10 @@ def gradients(agent, state, batches, network):
         torch.manual_seed(seed)  # the same noise (SAC's sampled actions, TD3's target smoothing) in both precisions
         if network == "critic":
             agent.update_critic(batch)
-            params = agent.qnet_params.values(True, True)
+            params = reached(agent.update_critic, "qnet_params").values(True, True)
         else:
             agent.update_actor(batch)
-            params = agent.actor.parameters()
+            params = reached(agent.update_actor, "actor").parameters()
         rows.append(torch.cat([param.grad.flatten() for param in params]))
     return torch.stack(rows)
 

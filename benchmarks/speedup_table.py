@@ -27,7 +27,6 @@ from common import describe_machine, fail, machine_text, read_results, variant  
 
 matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
-from common import FAST_BF16, cpu_name  # noqa: E402, F401 # re-exported for the tools not yet moved to common.py
 
 VARIANTS = ("plain", "twin", "twin+compile", "twin+cudagraphs", "twin+compile+cudagraphs")
 # The three tables of speedup.md: (results field, title, what a number means).

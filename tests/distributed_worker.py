@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
-from helpers import default_dtype, load_script, script_path  # noqa: E402
+from helpers import built, default_dtype, load_script, script_path  # noqa: E402
 from test_ppo_atari import NUM_ACTIONS, call_update, random_minibatch  # noqa: E402
 
 GLOBAL_MINIBATCH = 16  # the rows of the global minibatch; each rank gets a contiguous half
@@ -46,7 +46,8 @@ def gradient(out):
                 # No clipping: the gradient itself is compared.
                 args = module.Args(norm_adv=norm_adv, max_grad_norm=1e9)
                 ppo = module.build_ppo(NUM_ACTIONS, args, torch.device("cpu"))
-                initial = {key: value.clone() for key, value in ppo.agent.state_dict().items()}
+                agent = built(ppo, "agent")
+                initial = {key: value.clone() for key, value in agent.state_dict().items()}
                 share = GLOBAL_MINIBATCH // world_size
                 rank_batch = {key: value[rank * share : (rank + 1) * share] for key, value in batch.items()}
                 # The minibatch as the single-process counterpart's update takes it: tensors, or a TensorDict.
@@ -54,7 +55,7 @@ def gradient(out):
                 summed = module.sum_over_ranks(*(losses[key].detach() for key in losses.keys()))
                 results[name, norm_adv] = dict(
                     initial=initial,
-                    gradients={key: value.grad.clone() for key, value in ppo.agent.named_parameters()},
+                    gradients={key: value.grad.clone() for key, value in agent.named_parameters()},
                     losses=dict(zip(losses.keys(), summed, strict=True)),
                     batch=batch,
                 )
@@ -87,7 +88,7 @@ def run(out, script, flags):
         dict(
             status=status,
             env_seeds=env_seeds,
-            params={key: value.clone() for key, value in ppo.agent.state_dict().items()},
+            params={key: value.clone() for key, value in built(ppo, "agent").state_dict().items()},
             rollout_obs=rollout_obs.clone(),
             optimizer_steps=sorted({state["step"].item() for state in ppo.optimizer.state.values()}),
             episode_returns=run_globals["run"].episode_returns,

@@ -18,6 +18,7 @@ has its folder there, and distributed_worker.py puts it there itself. Importing 
 import contextlib
 import dataclasses
 import importlib.util
+import inspect
 import io
 import itertools
 import json
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensordict.nn import CudaGraphModule
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS_DIR = REPO_ROOT / "leanrl"
@@ -85,6 +87,33 @@ def load_script(name):
         del sys.modules[module_name]
         raise
     return module
+
+
+def built(agent, name):
+    """What a script's build function made under `name` (a network, its stacked parameters, an optimizer): its
+    namespace hands out only what the training loop calls, and those functions reach the rest. Found in their
+    closures, and their closures' functions', through CudaGraphModule's and torch.compile's wrappers."""
+    functions, seen = list(vars(agent).values()), set()
+    while functions:
+        function = functions.pop(0)
+        function = function.module if isinstance(function, CudaGraphModule) else function  # the function it records
+        function = inspect.unwrap(function) if inspect.isfunction(function) else function  # torch.compile's original
+        if not inspect.isfunction(function) or function in seen:
+            continue
+        seen.add(function)
+        for variable, cell in zip(function.__code__.co_freevars, function.__closure__ or (), strict=True):
+            if variable == name:
+                return cell.cell_contents
+            with contextlib.suppress(ValueError):  # a cell not filled (yet)
+                functions.append(cell.cell_contents)
+    raise AttributeError(f"no function of the namespace reaches a {name!r}")
+
+
+def expose(agent, *names):
+    """agent, with what its build function made under each name (see built) as an attribute too."""
+    for name in names:
+        setattr(agent, name, built(agent, name))
+    return agent
 
 
 def run_script(name, *flags, timeout=DEFAULT_TIMEOUT_S, env=None, cuda=False):

@@ -35,6 +35,7 @@ from checks import (
 )
 from helpers import (
     DEVICES,
+    expose,
     load_script,
     one_torch_thread,
     requires_cuda,
@@ -52,12 +53,14 @@ OBS_DIM, N_ACTIONS, BATCH = 4, 3, 64  # three actions: a wrong gather or argmax 
 
 
 def build(module, device="cpu", seed=0, **arg_overrides):
-    """An agent of either script on `device`; its Args as `.args`."""
+    """An agent of either script on `device`; its Args as `.args`, its networks as attributes (helpers.expose)."""
     torch.manual_seed(seed)
     args = module.Args(**arg_overrides)
     dqn = module.build_dqn(OBS_DIM, N_ACTIONS, args, torch.device(device))
     dqn.args = args
-    return dqn
+    return expose(
+        dqn, "qnet", *(("qnet_params", "target_qnet_params") if hasattr(args, "compile") else ("target_qnet",))
+    )
 
 
 def replay_batch(seed, device="cpu"):

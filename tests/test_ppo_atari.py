@@ -40,6 +40,8 @@ from checks import (
 )
 from helpers import (
     DEVICES,
+    built,
+    expose,
     load_checkpoint,
     load_script,
     one_torch_thread,
@@ -70,13 +72,15 @@ def _one_thread():
 
 
 def build(module, device="cpu", seed=0, **arg_overrides):
+    """An agent of either script on `device`, its networks as attributes (helpers.expose)."""
     torch.manual_seed(seed)
     args = module.Args(**arg_overrides)
-    return module.build_ppo(NUM_ACTIONS, args, torch.device(device))
+    ppo = module.build_ppo(NUM_ACTIONS, args, torch.device(device))
+    return expose(ppo, "agent", *(("acting_agent",) if hasattr(args, "compile") else ()))
 
 
 def params(ppo):
-    return {name: value.detach().clone() for name, value in ppo.agent.state_dict().items()}
+    return {name: value.detach().clone() for name, value in built(ppo, "agent").state_dict().items()}
 
 
 def frames_for(name, obs):
@@ -597,9 +601,8 @@ def test_twin_run_matches_plain_run(recorded_run):
     assert (args.anneal_lr, iterations) == (True, 6), "RUN changed: the learning rates below follow it"
     lrs = [(1 - i / iterations) * args.learning_rate for i in range(iterations)]
     lrs = [lr for lr in lrs for _ in range(args.update_epochs * args.num_minibatches)]
-    assert_params_close_after_steps(
-        twin_globals["ppo"].agent, plain_globals["ppo"].agent, lrs, "parameters at the end of the run"
-    )
+    twin_agent, plain_agent = built(twin_globals["ppo"], "agent"), built(plain_globals["ppo"], "agent")
+    assert_params_close_after_steps(twin_agent, plain_agent, lrs, "parameters at the end of the run")
     assert_changed(params(build(load_script(PLAIN), seed=1)), params(plain_globals["ppo"]), "plain parameters")
 
 

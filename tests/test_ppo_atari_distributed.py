@@ -45,6 +45,7 @@ from helpers import (
     DEVICES,
     REPO_ROOT,
     args_fields,
+    built,
     default_dtype,
     describe,
     field_default,
@@ -113,7 +114,8 @@ def test_world_of_one_is_the_single_process_script(name):
     world = run_in_process(name, *WORLD_OF_ONE_RUN)
     assert len(single["episode_returns"]) >= 3, single["episode_returns"]
     assert world["episode_returns"] == single["episode_returns"]
-    assert_same_state(world["ppo"].agent.state_dict(), single["ppo"].agent.state_dict(), "final parameters")
+    world_agent, single_agent = built(world["ppo"], "agent"), built(single["ppo"], "agent")
+    assert_same_state(world_agent.state_dict(), single_agent.state_dict(), "final parameters")
     assert_same_state(world["ppo"].optimizer.state_dict()["state"], single["ppo"].optimizer.state_dict()["state"],
                       "Adam's state")  # fmt: skip
 
@@ -148,10 +150,11 @@ def test_two_ranks_synced_gradient_is_that_of_the_whole_minibatch(name, norm_adv
     single = load_script(SINGLE_PROCESS[PLAIN])
     with default_dtype(torch.float64):  # as the ranks computed (see distributed_worker.py)
         ppo = single.build_ppo(NUM_ACTIONS, single.Args(norm_adv=norm_adv, max_grad_norm=1e9), torch.device("cpu"))
-        ppo.agent.load_state_dict(rank0["initial"])
+        agent = built(ppo, "agent")
+        agent.load_state_dict(rank0["initial"])
         losses = call_update(ppo, SINGLE_PROCESS[PLAIN], batch)
     for key, gradient in rank0["gradients"].items():
-        expected = dict(ppo.agent.named_parameters())[key].grad
+        expected = dict(agent.named_parameters())[key].grad
         scale = expected.abs().max().item()
         assert scale > 0, key
         torch.testing.assert_close(gradient, expected, rtol=1e-4, atol=1e-5 * scale, msg=lambda m, k=key: f"{k}: {m}")

@@ -38,7 +38,15 @@ from checks import (
     flat,
     sync_,
 )
-from helpers import DEVICES, load_script, requires_cuda, run_in_process, run_in_process_until, run_sh_tiny_run
+from helpers import (
+    DEVICES,
+    expose,
+    load_script,
+    requires_cuda,
+    run_in_process,
+    run_in_process_until,
+    run_sh_tiny_run,
+)
 from tensordict import TensorDict
 
 PLAIN = "ppo_continuous_action"
@@ -49,9 +57,11 @@ OBS_DIM, ACTION_DIM, MINIBATCH = 11, 3, 64
 
 
 def build(module, device="cpu", seed=0, **arg_overrides):
+    """An agent of either script on `device`, its networks as attributes (helpers.expose)."""
     torch.manual_seed(seed)
     args = module.Args(**arg_overrides)
-    return module.build_ppo(OBS_DIM, ACTION_DIM, args, torch.device(device))
+    ppo = module.build_ppo(OBS_DIM, ACTION_DIM, args, torch.device(device))
+    return expose(ppo, "agent", *(("acting_agent",) if hasattr(args, "compile") else ()))
 
 
 def parameters(ppo):

@@ -36,6 +36,7 @@ from checks import (
 from helpers import (
     DEVICES,
     TinyRun,
+    expose,
     load_script,
     one_torch_thread,
     requires_cuda,
@@ -61,7 +62,7 @@ def build(module, device="cpu", seed=0, **arg_overrides):
     args = module.Args(**arg_overrides)
     pqn = module.build_pqn(OBS_DIM, N_ACTIONS, args, torch.device(device))
     pqn.args = args
-    return pqn
+    return expose(pqn, "qnet")
 
 
 def minibatch(seed, device="cpu"):
@@ -300,12 +301,12 @@ def test_twin_compiled_update_and_policy_match_eager(device, inductor_fallback_r
 
 @requires_cuda
 def test_twin_captured_update_policy_and_returns_match_uncaptured(inductor_fallback_random):
-    """CudaGraphModule: calls before CUDAGRAPH_WARMUP run eagerly, that call records the graph, later calls replay
-    it; each is compared with the uncaptured compiled twin's (the recording call's gradients cannot be read)."""
+    """CudaGraphModule(warmup=5): calls 1-4 run on a side stream, call 5 records the graph, later calls replay it;
+    each is compared with the uncaptured compiled twin's (the recording call's gradients cannot be read)."""
     module = load_script(TWIN)
     uncaptured = build(module, "cuda", compile=True)
     captured = build(module, "cuda", compile=True, cudagraphs=True)
-    warmup = module.CUDAGRAPH_WARMUP
+    warmup = 5  # the twin's CudaGraphModule(warmup=5)
     sync_(captured.qnet, uncaptured.qnet)
     check = SameUpdates("Q update")
     for call in range(1, warmup + 4):
@@ -322,7 +323,8 @@ def test_twin_captured_update_policy_and_returns_match_uncaptured(inductor_fallb
         rollout = random_rollout(call, num_steps=128, num_envs=4, device="cuda")
         torch.testing.assert_close(captured.returns(*rollout), uncaptured.returns(*rollout), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(captured.value(obs), uncaptured.value(obs))
-    assert captured.captured(), "not every function was captured"
+    for function in ("update", "policy", "returns", "value"):
+        assert getattr(captured, function).counter == warmup, f"{function} was not captured"
 
 
 def test_twin_built_again_computes_with_its_own_hyperparameters(inductor_fallback_random):
@@ -505,8 +507,8 @@ def test_same_seed_same_returns(name):
 
 # --- 8 and 9. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA -----------------
 
-# run.sh's tiny budget: 6 rollouts of 8 x 32 steps: the sps clock starts after measure_burnin (3) iterations (on CUDA
-# with --cudagraphs, after the 5 till the graphs are recorded); random CartPole-v1 episodes last about 22 steps,
+# run.sh's tiny budget: 6 rollouts of 8 x 32 steps: the sps clock starts after measure_burnin (3) iterations (the
+# CUDA graphs of --cudagraphs are recorded in the 5th); random CartPole-v1 episodes last about 22 steps,
 # several finish. The rollout, minibatch and lambda of the learning test's run: the compiled runs' kernels are those
 # it compiled, found in inductor's cache instead of compiled again.
 PQN_TINY_RUN = run_sh_tiny_run(PLAIN, "CartPole-v1", (0, 500))
@@ -522,7 +524,7 @@ def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
 
 @requires_cuda
 def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
-    # CUDAGRAPH_WARMUP (5) iterations before value() and returns() are captured, then the sps clock.
+    # value() and returns() are recorded in the 5th iteration (CudaGraphModule(warmup=5)), later ones replay them.
     tiny = TinyRun(tuple(map(str, (*TINY_FLAGS, "--total-timesteps", 320))), "CartPole-v1", 320, (0, 500))
     check_twin_runs_with_cudagraphs_on_cuda(TWIN, "pqn", tmp_path, tiny=tiny)
 

@@ -45,7 +45,9 @@ from checks import (
 from helpers import (
     DEVICES,
     REPO_ROOT,
+    built,
     default_dtype,
+    expose,
     load_checkpoint,
     load_script,
     one_torch_thread,
@@ -72,12 +74,15 @@ def _one_thread():
 
 
 def build(module, device="cpu", seed=0, **arg_overrides):
+    """An agent of either script on `device`, its Q networks as attributes (helpers.expose)."""
     torch.manual_seed(seed)
-    return module.build_pqn(NUM_ACTIONS, module.Args(**arg_overrides), torch.device(device))
+    args = module.Args(**arg_overrides)
+    pqn = module.build_pqn(NUM_ACTIONS, args, torch.device(device))
+    return expose(pqn, "qnet", *(("acting_qnet",) if hasattr(args, "compile") else ()))
 
 
 def params(pqn):
-    return {name: value.detach().clone() for name, value in pqn.qnet.state_dict().items()}
+    return {name: value.detach().clone() for name, value in built(pqn, "qnet").state_dict().items()}
 
 
 def random_minibatch(seed, size=BATCH, masked_fraction=0.25, device="cpu"):
@@ -326,14 +331,15 @@ def test_twin_compiled_matches_eager(device, inductor_fallback_random):
 
 @requires_cuda
 def test_twin_captured_matches_uncaptured(inductor_fallback_random):
-    """CudaGraphModule(warmup=CUDAGRAPH_WARMUP): calls before it run eagerly, that call records the graph, the later
-    ones replay it; each is compared with the uncaptured compiled twin's. The learning rate and epsilon are tensors
-    written in place between calls: the replays follow them."""
+    """CudaGraphModule(warmup=5): calls 1-4 run on a side stream, call 5 records the graph, the later ones replay it;
+    each is compared with the uncaptured compiled twin's. The learning rate and epsilon are tensors written in place
+    between calls: the replays follow them."""
     module = load_script(TWIN)
     uncaptured = build(module, "cuda", compile=True)
     captured = build(module, "cuda", compile=True, cudagraphs=True)
     check = SameUpdates("update")
-    for call in range(1, module.CUDAGRAPH_WARMUP + 4):
+    warmup = 5  # the twin's CudaGraphModule(warmup=5)
+    for call in range(1, warmup + 4):
         lr = 2.5e-4 * (1 - call / 10)
         for pqn in (uncaptured, captured):
             pqn.set_learning_rate(lr)
@@ -352,12 +358,12 @@ def test_twin_captured_matches_uncaptured(inductor_fallback_random):
             for label, pqn in (("uncaptured", uncaptured), ("captured", captured))
         }
         assert_leaves_close(losses["captured"], losses["uncaptured"], f"call {call} losses")
-        check.check(captured.qnet, uncaptured.qnet, lr, f"call {call}", grads=call != module.CUDAGRAPH_WARMUP)
+        check.check(captured.qnet, uncaptured.qnet, lr, f"call {call}", grads=call != warmup)
         rollout = {key: value.cuda() for key, value in random_rollout(32, 4, seed=call).items()}
         torch.testing.assert_close(captured.q_lambda_returns(**rollout), uncaptured.q_lambda_returns(**rollout),
                                    rtol=RTOL, atol=ATOL)  # fmt: skip
     for function in ("update", "policy", "value", "q_lambda_returns"):
-        assert getattr(captured, function).counter == module.CUDAGRAPH_WARMUP, f"{function} was not captured"
+        assert getattr(captured, function).counter == warmup, f"{function} was not captured"
 
 
 def test_twin_built_again_computes_with_its_own_hyperparameters(inductor_fallback_random):
@@ -604,17 +610,16 @@ def test_twin_run_matches_plain_run(recorded_run):
     lrs = [(1 - i / iterations) * args.learning_rate for i in range(iterations)]
     lrs = [lr for lr in lrs for _ in range(args.update_epochs * args.num_minibatches)]
     # RAdam's first steps are momentum SGD steps, lr times the gradient: allowed as 10 lr each (gradients stay small).
-    assert_params_close_after_steps(twin_globals["pqn"].qnet, plain_globals["pqn"].qnet, [10 * lr for lr in lrs],
-                                    "parameters at the end of the run")  # fmt: skip
+    twin_qnet, plain_qnet = built(twin_globals["pqn"], "qnet"), built(plain_globals["pqn"], "qnet")
+    assert_params_close_after_steps(twin_qnet, plain_qnet, [10 * lr for lr in lrs], "parameters at the end of the run")
     assert_changed(params(build(load_script(PLAIN), seed=RUN_SEED)), params(plain_globals["pqn"]), "plain parameters")
 
 
 # --- 6. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA ----------------------
 
-# run.sh's tiny budget (Breakout-v5, the default game): 8 iterations of 2 x 32 steps, more than measure_burnin (3),
-# and on CUDA more than the CUDAGRAPH_WARMUP (5) iterations that --cudagraphs makes the burn-in: sps is measured on
-# either. A Breakout game ends within 160 steps per env under a near-random policy (seeds 1 and 2: their first at step
-# 124 of an env); a score is a whole number of at least 0 (a high bound: 10,000).
+# run.sh's tiny budget (Breakout-v5, the default game): 8 iterations of 2 x 32 steps, more than measure_burnin (3):
+# sps is measured. A Breakout game ends within 160 steps per env under a near-random policy (seeds 1 and 2: their
+# first at step 124 of an env); a score is a whole number of at least 0 (a high bound: 10,000).
 TINY = run_sh_tiny_run(PLAIN, "Breakout-v5", (-1, 10_000), env=ONE_THREAD)
 
 

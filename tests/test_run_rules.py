@@ -1,8 +1,8 @@
 """Rules every script keeps, checked script by script: every numeric flag has a domain, and a value outside it is
 refused before the first step; a resume keeps the budget its schedule is computed from, logs are counted in
-iterations (not env steps), a twin's sps clock starts after its CUDA graphs are recorded, the small-network
-twins' compiled functions keep the guards on values (run_utils.value_guards), and a signal after the last step is
-told truthfully.
+iterations (not env steps), a twin's sps clock starts after its CUDA graphs are recorded with a burn-in of 5
+iterations, the small-network twins' compiled functions keep the guards on values (run_utils.value_guards), and a
+signal after the last step is told truthfully.
 
 The resumed checkpoints are the old ones of tests/old_checkpoints (see test_old_checkpoints.py), given the budget a
 checkpoint now records: a refusal happens before anything is built, so each case costs an import and the flags.
@@ -16,6 +16,7 @@ import subprocess
 import sys
 import typing
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -144,7 +145,10 @@ def test_many_envs_log_once_every_log_every_iterations(name, monkeypatch):
     assert logged == [16 * 100, 16 * 200]
 
 
-# Each twin with flags that record all its graphs within a few iterations, then measure a few more.
+# Each twin with flags that record all its graphs within a few iterations, then measure a few more. The burn-in is the
+# one a --cudagraphs measurement needs (5 iterations): the twins' CudaGraphModule(warmup=5) records a graph at the 5th
+# call of its function, and each is called at least once an iteration (DQN: once a gradient step, its burn-in's unit).
+CUDA_GRAPHS_BURN_IN = ("--cudagraphs", "--measure-burnin", "5")
 TWINS_ON_CUDA = {
     "sac_continuous_action_torchcompile": ("--env-id", "Pendulum-v1", "--total-timesteps", "150", "--learning-starts",
                                            "100", "--batch-size", "32"),
@@ -162,7 +166,7 @@ TWINS_ON_CUDA = {
 
 @requires_cuda
 @pytest.mark.parametrize("name", TWINS_ON_CUDA)
-def test_the_sps_clock_starts_after_every_cuda_graph_is_recorded(name, monkeypatch):
+def test_the_sps_clock_starts_after_every_cuda_graph_is_recorded_with_their_burn_in(name, monkeypatch):
     import run_utils
     from tensordict.nn import CudaGraphModule
 
@@ -174,12 +178,12 @@ def test_the_sps_clock_starts_after_every_cuda_graph_is_recorded(name, monkeypat
         real_clock(run, *args, **kwargs)
         if started is None and run.measure_start is not None:  # this call started the sps clock
             script_globals = sys._getframe(1).f_globals
-            graphs = [graph for value in script_globals.values() if hasattr(value, "captured")
+            graphs = [graph for value in script_globals.values() if isinstance(value, SimpleNamespace)
                       for graph in vars(value).values() if isinstance(graph, CudaGraphModule)]  # fmt: skip
             recorded_when_measured.append((len(graphs), all(graph.counter >= graph._warmup for graph in graphs)))
 
     monkeypatch.setattr(run_utils.Run, "clock", clock)
-    run_globals = run_in_process(name, *TWINS_ON_CUDA[name], "--cudagraphs", cuda=True)
+    run_globals = run_in_process(name, *TWINS_ON_CUDA[name], *CUDA_GRAPHS_BURN_IN, cuda=True)
     assert run_globals["run"].sps is not None, "the run ended before its sps was measured: give it more steps"
     ((graph_count, all_recorded),) = recorded_when_measured
     assert graph_count >= 2 and all_recorded, recorded_when_measured

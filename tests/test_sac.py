@@ -29,7 +29,7 @@ from checks import (
     random_batch,
     sync_,
 )
-from helpers import DEVICES, load_script, requires_cuda
+from helpers import DEVICES, expose, load_script, requires_cuda
 from tensordict import TensorDict
 
 PLAIN = "sac_continuous_action"
@@ -41,12 +41,13 @@ LOW, HIGH = -np.ones(ACTION_DIM, dtype=np.float32), np.ones(ACTION_DIM, dtype=np
 
 
 def build(module, device="cpu", seed=0, **arg_overrides):
-    """An agent of either script on `device`; its Args as `.args`."""
+    """An agent of either script on `device`; its Args as `.args`, its networks as attributes (helpers.expose)."""
     torch.manual_seed(seed)
     args = module.Args(**arg_overrides)
     sac = module.build_sac(OBS_DIM, ACTION_DIM, LOW, HIGH, args, torch.device(device))
     sac.args = args
-    return sac
+    twin = hasattr(args, "compile")
+    return expose(sac, "actor", *(("qnet_params", "target_qnet_params") if twin else ("qf1", "qf2")))
 
 
 # --- 1. Learning ----------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from checks import (
     random_batch,
     sync_,
 )
-from helpers import DEVICES, load_script, requires_cuda
+from helpers import DEVICES, expose, load_script, requires_cuda
 from tensordict import TensorDict
 
 PLAIN = "td3_continuous_action"
@@ -40,12 +40,13 @@ HIGH = np.array([2.0, 1.0, 0.5, 1.0, 0.5, 3.0], dtype=np.float32)
 
 
 def build(module, device="cpu", seed=0, **arg_overrides):
-    """An agent of either script on `device`; its Args as `.args`."""
+    """An agent of either script on `device`; its Args as `.args`, its networks as attributes (helpers.expose)."""
     torch.manual_seed(seed)
     args = module.Args(**arg_overrides)
     td3 = module.build_td3(OBS_DIM, ACTION_DIM, LOW, HIGH, args, torch.device(device))
     td3.args = args
-    return td3
+    twin = ("qnet_params", "target_qnet_params", "target_actor_params")
+    return expose(td3, "actor", *(twin if hasattr(args, "compile") else ("qf1", "qf2")))
 
 
 # --- 1. Learning ----------------------------------------------------------------------------------------------
