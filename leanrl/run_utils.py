@@ -261,13 +261,13 @@ class Run:
         """The run's wall-clock seconds: this sitting's and the earlier sittings' of a resumed run."""
         return self.seconds_before + time.perf_counter() - self.start
 
-    def clock(self, iteration, *, train_from, measure_from, global_step, ready=True):
+    def clock(self, iteration, *, train_from, measure_from, global_step):
         """Atop every iteration, global_step steps done: moves the bar, starts the warm-up (compile) clock at train_from
-        and the sps clock at measure_from once ready (a twin: its CUDA graphs recorded), in the loop's own unit."""
+        and the sps clock at measure_from, in the loop's own unit."""
         self.move_bar(global_step)
         if self.train_start is None and iteration >= train_from:
             self.train_start = time.perf_counter()
-        if self.measure_start is None and iteration >= measure_from and ready:
+        if self.measure_start is None and iteration >= measure_from:
             self.measure_start, self.measure_start_step = time.perf_counter(), global_step
             self.compile_seconds = self.measure_start - self.train_start
 
