@@ -284,7 +284,7 @@ class Run:
         self.episode_returns.append(episode_return)
         self.recent_returns.append(episode_return)
         if self.episodes_file and not self.failed("episode record"):
-            line = json.dumps([step, episode_return, round(self.seconds(), 3)]) + "\n"
+            line = json.dumps([int(step), float(episode_return), round(self.seconds(), 3)]) + "\n"
             self.write("episode record", self.args.episodes_path, self.episodes_file.write, line)
         if self.wandb:
             self.wandb.log({"charts/episodic_return": episode_return, **{f"charts/{k}": v for k, v in charts.items()}},
