@@ -27,7 +27,7 @@ Modes (each run's budget flags are in the budget table near the top of run.sh):
                      continuous 3 + 3 rollouts of 2048 steps, PPO Atari 3 + 20 rollouts of 8 envs x 128
                      (3 + 3 measured a second on an H100: too short to be steady), DQN 10000 random + 20000
                      (2000 gradient steps), PQN 25 rollouts of 4 x 128 on CartPole-v1 and of 8 x 128 on
-                     Breakout (3 burn-in, 5 till the CUDA graphs are recorded, then 20 or more measured).
+                     Breakout (3 burn-in, then 22 measured; the CUDA graphs are recorded in the 5th).
                      Default 3 seeds: 72 runs on a CPU, about 60 minutes on 2 cores (52 on a 2-core AMD
                      EPYC Zen 3 VM with a warm compile cache, 2026-11-29; 37 of them for the 27 Breakout
                      runs). A cold cache adds 20-30 s per compiled twin.
@@ -91,18 +91,18 @@ budget() { # $1: mode, $2: script
     quick/ppo_atari_envpool | quick/ppo_atari_envpool_distributed) # (3 burn-in + 20) rollouts of 8 envs x 128
       echo "--total-timesteps 23552" ;; # the distributed pair: a world of one (run.sh launches with python)
     quick/dqn) echo "--total-timesteps 30000" ;;                   # 10000 random + 20000 (2000 gradient steps)
-    quick/pqn) echo "--total-timesteps 12800" ;; # 25 rollouts of 4 envs x 128: 3 burn-in (5 till captured) + 20
+    quick/pqn) echo "--total-timesteps 12800" ;; # 25 rollouts of 4 envs x 128: 3 burn-in + 22 measured
     quick/pqn_atari_envpool) echo "--total-timesteps 25600" ;; # 25 rollouts of 8 envs x 128, as for PQN
     tiny/sac_continuous_action | tiny/td3_continuous_action) # 100 random + 200 training steps, one episode
       echo "--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 300" ;;
-    tiny/ppo_continuous_action) # 6 rollouts of 64 steps: one past the 5 till the CUDA graphs are recorded
+    tiny/ppo_continuous_action) # 6 rollouts of 64 steps: one past the 5th, where GAE's CUDA graph is recorded
       echo "--env-id InvertedPendulum-v5 --num-steps 64 --num-minibatches 2 --update-epochs 1 --total-timesteps 384" ;;
     tiny/ppo_atari_envpool | tiny/ppo_atari_envpool_distributed) # 8 rollouts of 2 envs x 32: a game ends in each env
       echo "--num-envs 2 --num-steps 32 --update-epochs 1 --total-timesteps 512" ;;
     tiny/dqn) echo "--learning-starts 200 --batch-size 32 --total-timesteps 400" ;; # 20 gradient steps
-    tiny/pqn) # 6 rollouts of 8 envs x 32 steps (5 till the CUDA graphs are recorded), the learning test's shapes
+    tiny/pqn) # 6 rollouts of 8 envs x 32 steps (CUDA graphs all recorded by the 5th), the learning test's shapes
       echo "--num-envs 8 --num-steps 32 --num-minibatches 4 --update-epochs 1 --q-lambda 0.9 --total-timesteps 1536" ;;
-    tiny/pqn_atari_envpool) # 8 rollouts of 2 envs x 32 steps: past the 5 iterations till the CUDA graphs are recorded
+    tiny/pqn_atari_envpool) # 8 rollouts of 2 envs x 32 steps: past the 5th, where the last CUDA graphs are recorded
       echo "--num-envs 2 --num-steps 32 --num-minibatches 1 --update-epochs 1 --total-timesteps 512" ;;
     *) return 1 ;;
   esac

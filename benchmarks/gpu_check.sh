@@ -219,7 +219,7 @@ for stage in "${stages[@]}"; do
       dir=$out/atari
       rm -rf "$dir" && mkdir -p "$dir"
       for pair in ppo_atari_envpool pqn_atari_envpool ppo_atari_envpool_distributed; do
-        steps=23552 # run.sh --quick's budgets: 3 burn-in + 20 rollouts of 8 x 128 (PQN: 25, 5 till captured)
+        steps=23552 # run.sh --quick's budgets: 3 burn-in + 20 rollouts of 8 x 128 (PQN: 3 + 22)
         [[ $pair == pqn_atari_envpool ]] && steps=25600
         for bf16 in "" --bf16; do # fp32, then the networks in bf16 (tensor cores)
           "$python" "leanrl/${pair}_torchcompile.py" --total-timesteps $steps --compile --cudagraphs $bf16 --seed 1 \
