@@ -1,49 +1,24 @@
-"""The checks every script pair's tests run the same way, on any algorithm: updates that match (plain and twin,
-eager and compiled), the flags of the pair, bad input, determinism, the results line, learning, checkpoints, videos
-and signals. Each test file calls them with its pair's scripts; helpers.py runs and loads the scripts."""
+"""Checks the pairs' tests call on their own scripts, on any algorithm: updates that match (plain and twin, eager and
+compiled, bf16 and fp32, a second build), bad input, learning and resuming. The checks every pair passes alike are
+test_scripts.py's tests; helpers.py runs and loads the scripts."""
 
 import ast
-import os
-import re
 import runpy
-import signal
 import statistics
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import run_utils
 import torch
 from helpers import (
-    REPO_ROOT,
-    RESULT_FIELDS,
-    SCRIPTS_DIR,
-    args_fields,
     command_line,
-    describe,
-    field_default,
-    help_output,
-    is_number,
     load_checkpoint,
     load_script,
     optimizer_steps,
-    output_lines,
-    read_results,
     run_in_process,
     run_in_process_until,
-    run_script,
-    run_script_in_process,
-    run_sh_budget,
-    run_sh_tiny_run,
     script_path,
-    squash,
-    time_limit,
 )
 from tensordict import TensorDict, TensorDictBase
-
-# --- Generic checks for the tests of a script pair (the update functions, flags and runs of any algorithm) ---
 
 # float32 tolerances for "the same computation, differently fused".
 RTOL, ATOL = 1e-4, 1e-5
@@ -198,121 +173,12 @@ def assert_params_close_after_steps(actual, expected, lrs, what):
     assert loose <= MAX_NOISY_FRACTION * total, f"{what}: {loose} of {total} entries further apart than the bulk's"
 
 
-def args_docstrings(name):
-    """{field: docstring} of a script's Args class, read from the source (the string right after each field), with
-    those of the fields it inherits from run_utils.RunArgs (the flags every script has) that it does not set again."""
-    docs = class_docstrings(SCRIPTS_DIR / "run_utils.py", "RunArgs")
-    docs.update(class_docstrings(script_path(name), "Args"))
-    return docs
-
-
-def class_docstrings(path, class_name):
-    tree = ast.parse(Path(path).read_text())
-    (args_class,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == class_name]
-    docs = {}
-    body = args_class.body
-    for index, node in enumerate(body):
-        if isinstance(node, ast.AnnAssign):
-            following = body[index + 1] if index + 1 < len(body) else None
-            is_doc = (
-                isinstance(following, ast.Expr)
-                and isinstance(following.value, ast.Constant)
-                and isinstance(following.value.value, str)
-            )
-            docs[node.target.id] = following.value.value.strip() if is_doc else ""
-    return docs
-
-
-def check_cudagraphs_message(completed, asked_for_cudagraphs, on_cuda=False):
-    """On the CPU, --cudagraphs gets exactly one line saying they are off; without it, no such line.
-
-    On CUDA, no line says they are off (tensordict logs the setting up of each CudaGraphModule: that line is fine).
-    """
-    mentions = [line for line in output_lines(completed) if "cudagraph" in line.lower()]
-    says_off = [line for line in mentions if re.search(r"\boff\b|disabl|needs? a cuda", line.lower())]
-    if on_cuda:
-        assert not says_off, says_off
-    elif asked_for_cudagraphs:
-        assert len(mentions) == 1, f"expected one line saying cudagraphs are off, got {mentions}"
-        assert says_off == mentions, mentions[0]
-    else:
-        assert not mentions, mentions
-
-
-# --- Checks every pair's tests run the same way: flags, bad input, determinism, the results line ----------------
-
-TWIN_ONLY_FIELDS = {"compile", "cudagraphs"}
-BF16_TWIN_ONLY_FIELDS = TWIN_ONLY_FIELDS | {"bf16"}  # the twins whose updates are matrix products enough to pay
-COMMON_FIELDS = ("exp_name", "seed", "torch_deterministic", "cuda", "track", "wandb_project_name", "wandb_entity",
-                 "env_id", "total_timesteps", "measure_burnin", "results_path", "save_model", "model_path",
-                 "checkpoint_every", "resume", "eval_episodes", "capture_video")  # fmt: skip
-
-
-def check_args_of_the_pair_match(plain_name, twin_name, expected_defaults, twin_only=TWIN_ONLY_FIELDS):
-    """The twin has the plain script's fields (same order, types, defaults) plus its speed flags (all False):
-    compile and cudagraphs, and bf16 in the Atari, SAC and TD3 twins.
-
-    Both have the fields every script has (CONVENTIONS.md); expected_defaults: {field: CleanRL's default}.
-    """
-    plain, twin = args_fields(load_script(plain_name)), args_fields(load_script(twin_name))
-    assert set(twin) - set(plain) == twin_only
-    assert set(plain) <= set(twin)
-    assert [name for name in twin if name in plain] == list(plain), "shared fields in another order"
-    for name, field in plain.items():
-        assert twin[name].type == field.type, f"{name}: type {twin[name].type} vs {field.type}"
-        if name == "exp_name":  # defaults to the script's own name
-            assert field_default(field) == plain_name and field_default(twin[name]) == twin_name
-        else:
-            assert field_default(twin[name]) == field_default(field), f"{name}: defaults differ"
-    for name in twin_only:
-        assert twin[name].type in (bool, "bool") and field_default(twin[name]) is False, name
-
-    for name in COMMON_FIELDS:
-        assert name in plain, name
-    assert field_default(plain["cuda"]) is True
-    assert field_default(plain["track"]) is False
-    assert field_default(plain["results_path"]) is None
-    assert field_default(plain["wandb_project_name"]) == "leanrl"
-    checkpoint_defaults = {"save_model": False, "model_path": None, "checkpoint_every": 0, "resume": None,
-                           "eval_episodes": 10, "capture_video": False}  # fmt: skip
-    assert {name: field_default(plain[name]) for name in checkpoint_defaults} == checkpoint_defaults
-    assert {name: field_default(plain[name]) for name in expected_defaults} == expected_defaults
-
-
-def check_every_flag_has_a_docstring_shown_by_help(name):
-    docs = args_docstrings(name)
-    assert set(docs) == set(args_fields(load_script(name)))
-    missing = [field for field, doc in docs.items() if not doc]
-    assert not missing, f"fields without a docstring: {missing}"
-
-    help_text = squash(help_output(name))
-    for field, doc in docs.items():
-        assert f"--{field.replace('_', '-')}" in help_text, f"--help does not list {field}"
-        assert squash(doc) in help_text, f"--help does not show the docstring of {field}: {doc!r}"
-
-
-def check_bad_input(name, flags, expected_words, tmp_path):
-    """Exit status 2, exactly one stderr line naming the problem, no traceback, no results written."""
-    results = tmp_path / "results.jsonl"
-    completed = run_script(name, *flags, "--results-path", results, timeout=300)
-    assert completed.returncode == 2, describe(completed)
-    assert "Traceback" not in completed.stderr + completed.stdout, describe(completed)
-    lines = [line for line in completed.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, describe(completed)
-    _check_error_line(lines[0], expected_words, results)
-
-
-def _check_error_line(line, expected_words, results):
-    """The one stderr line of a refused run names the problem; the run wrote no results."""
-    message = line.replace("_", "-")
-    for word in expected_words:
-        assert word in message, f"{word!r} not in {line!r}"
-    assert not results.exists(), "a failed run wrote results"
+# --- Bad input: exit status 2, one clear line ---------------------------------------------------------------------
 
 
 def check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys):
-    """check_bad_input for a run of the script's __main__ in this process: a subprocess per case costs seconds of
-    imports. Anything but SystemExit (a traceback) propagates and fails the test."""
+    """A run of the script's __main__ in this process with these flags exits 2 with exactly one stderr line naming the
+    problem (each expected word in it) and writes no results. Anything but SystemExit (a traceback) fails the test."""
     results = tmp_path / "results.jsonl"
     path = script_path(name)
     with command_line([str(path), *map(str, flags), "--no-cuda", "--results-path", str(results)]):
@@ -322,107 +188,9 @@ def check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys):
     assert exit_.value.code == 2, (exit_.value.code, stdout, stderr)
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"{name}.py: error: "), lines
-    _check_error_line(lines[0], expected_words, results)
-
-
-def check_same_seed_same_returns(name):
-    """The same seed twice gives the same episodic returns on Pendulum-v1 (4 episodes, 3 of them learning); another
-    seed gives others."""
-    flags = ("--env-id", "Pendulum-v1", "--learning-starts", "200", "--batch-size", "64")
-    first = run_in_process(name, *flags, "--seed", "1", "--total-timesteps", "800")["episode_returns"]
-    second = run_in_process(name, *flags, "--seed", "1", "--total-timesteps", "800")["episode_returns"]
-    assert len(first) >= 4, first
-    assert all(isinstance(value, float) for value in first), first
-    assert second == first
-    # Another seed gives other returns (a shorter run is enough to see it).
-    other = run_in_process(name, *flags, "--seed", "2", "--total-timesteps", "400")["episode_returns"]
-    assert len(other) == 2, other
-    assert other != first[: len(other)]
-    assert other[1] != first[1], "the first learning episode does not depend on the seed"
-
-
-def check_tiny_run_is_run_sh(name, tiny):
-    """The tiny run a script's results-line test runs is run.sh's tiny budget of the script's pair."""
-    pair = name.removesuffix(".py").removesuffix("_torchcompile")
-    assert tiny.flags == run_sh_budget("tiny", pair), f"{name}: a tiny run other than run.sh's for {pair}"
-
-
-# Off-policy (SAC, TD3): 300 steps > learning_starts (100) + measure_burnin (3 by default), so sps is measured; one
-# 200-step Pendulum-v1 episode finishes, and a step's reward lies in [-16.3, 0]. run.sh's line for SAC and TD3.
-TINY_RUN = run_sh_tiny_run("sac_continuous_action", "Pendulum-v1", (-3300, 0))
-
-
-def check_result(result, name, algo, seed, compile_, tiny=TINY_RUN, device="cpu", cudagraphs=False):
-    """One results line of a tiny run (on the CPU unless told): every field, with the right types and values."""
-    assert set(RESULT_FIELDS) <= result.keys(), f"missing fields: {set(RESULT_FIELDS) - result.keys()}"
-    assert result["script"] == f"{name}.py"
-    assert result["algo"] == algo
-    assert result["env_id"] == tiny.env_id
-    assert result["seed"] == seed
-    assert result["compile"] is compile_
-    assert result["cudagraphs"] is cudagraphs, "cudagraphs recorded as asked for (on CUDA) or off (on the CPU)"
-    assert result["device"] == device
-    assert result["torch_version"] == torch.__version__
-    assert result["total_timesteps"] == tiny.total_timesteps
-    assert is_number(result["sps"]) and result["sps"] > 0, result["sps"]
-    assert is_number(result["compile_seconds"]) and result["compile_seconds"] >= 0, result["compile_seconds"]
-    assert is_number(result["wall_seconds"]) and result["wall_seconds"] > 0, result["wall_seconds"]
-    low, high = tiny.return_range
-    assert is_number(result["final_return"]) and low < result["final_return"] <= high, result["final_return"]
-
-
-def check_plain_results_line_is_appended(plain, algo, tmp_path, tiny=TINY_RUN):
-    """Two runs of the plain script, on run.sh's tiny budget of its pair, append two results lines, in order, and
-    print a summary line. In this process (run_script_in_process)."""
-    check_tiny_run_is_run_sh(plain, tiny)
-    results = tmp_path / "results.jsonl"
-    for count, seed in enumerate((1, 2), start=1):
-        completed = run_script_in_process(plain, *tiny.flags, "--seed", seed, "--results-path", results, env=tiny.env)
-        assert completed.returncode == 0, describe(completed)
-        assert tiny.env_id in completed.stdout.strip().splitlines()[-1], "no summary line"
-        lines = read_results(results)
-        assert len(lines) == count, "the results file was not appended to"
-        check_result(lines[-1], plain, algo, seed, compile_=False, tiny=tiny)
-    assert [line["seed"] for line in read_results(results)] == [1, 2]
-
-
-def check_twin_runs_with_every_flag_combination(twin, algo, tmp_path, tiny=TINY_RUN):
-    """On the CPU, the twin runs with no flag, --compile, --cudagraphs and both, on run.sh's tiny budget of its pair;
-    cudagraphs fall back with one line. In this process, as check_plain_results_line_is_appended."""
-    check_tiny_run_is_run_sh(twin, tiny)
-    results = tmp_path / "results.jsonl"
-    combinations = [(), ("--compile",), ("--cudagraphs",), ("--compile", "--cudagraphs")]
-    for count, flags in enumerate(combinations, start=1):
-        completed = run_script_in_process(
-            twin, *tiny.flags, "--seed", "1", "--results-path", results, *flags, env=tiny.env
-        )
-        assert completed.returncode == 0, f"flags {flags}: {describe(completed)}"
-        assert "Traceback" not in completed.stderr, describe(completed)
-        assert tiny.env_id in completed.stdout.strip().splitlines()[-1], "no summary line"
-        check_cudagraphs_message(completed, "--cudagraphs" in flags)
-        lines = read_results(results)
-        assert len(lines) == count, "the results file was not appended to"
-        check_result(lines[-1], twin, algo, 1, compile_="--compile" in flags, tiny=tiny)
-    by_flags = dict(zip(combinations, read_results(results), strict=True))
-    # Without CUDA, --cudagraphs is off: the run is the one without it, return for return (same seed).
-    assert by_flags[("--cudagraphs",)]["final_return"] == by_flags[()]["final_return"]
-    assert by_flags[("--compile", "--cudagraphs")]["final_return"] == by_flags[("--compile",)]["final_return"]
-    if "bf16" in args_fields(load_script(twin)):
-        check_bf16_run(twin, tiny, results, by_flags[()])
-
-
-def check_bf16_run(twin, tiny, results, fp32_result):
-    """--bf16 on the CPU: on one that computes bf16 faster than fp32 (AMX, an AMD CPU's AVX512-BF16) it is on,
-    recorded, and says nothing; elsewhere one line says it is off, and the run is the fp32 one, return for return."""
-    flags = (*tiny.flags, "--seed", "1", "--results-path", results, "--bf16")
-    completed = run_script_in_process(twin, *flags, env=tiny.env)
-    assert completed.returncode == 0 and "Traceback" not in completed.stderr, describe(completed)
-    result, mentions = read_results(results)[-1], [line for line in output_lines(completed) if "bf16" in line]
-    if run_utils.fast_bf16(torch.device("cpu")):
-        assert result["bf16"] is True and not mentions, mentions
-    else:
-        assert len(mentions) == 1 and "bf16 is off for this run" in mentions[0], mentions
-        assert result["bf16"] is False and result["final_return"] == fp32_result["final_return"]
+    for word in expected_words:
+        assert word in lines[0].replace("_", "-"), f"{word!r} not in {lines[0]!r}"
+    assert not results.exists(), "a failed run wrote results"
 
 
 def check_bf16_update_is_fp32_within_rounding(builds, update, network, batches, value, variants=("eager",), obs="obs"):
@@ -655,33 +423,6 @@ def detached(losses):
     return {key: value.detach().clone() for key, value in losses.items()}
 
 
-def check_twin_runs_with_cudagraphs_on_cuda(twin, algo, tmp_path, tiny=TINY_RUN):
-    """On CUDA, --cudagraphs are on: recorded as such, no line says they are off, and the run is the one without
-    them (same seed, same final return: a captured graph replays the same kernels and draws the same numbers).
-
-    --compile --cudagraphs runs once (each compiled run costs its compile time); the pair without --compile is the
-    one compared.
-    """
-    results = tmp_path / "results.jsonl"
-    combinations = [(), ("--cudagraphs",), ("--compile", "--cudagraphs")]
-    for count, flags in enumerate(combinations, start=1):
-        completed = run_script(
-            twin, *tiny.flags, "--seed", "1", "--results-path", results, *flags, env=tiny.env, cuda=True
-        )
-        assert completed.returncode == 0, f"flags {flags}: {describe(completed)}"
-        assert "Traceback" not in completed.stderr, describe(completed)
-        assert tiny.env_id in completed.stdout.strip().splitlines()[-1], "no summary line"
-        check_cudagraphs_message(completed, "--cudagraphs" in flags, on_cuda=True)
-        lines = read_results(results)
-        assert len(lines) == count, "the results file was not appended to"
-        check_result(
-            lines[-1], twin, algo, 1, compile_="--compile" in flags, tiny=tiny, device="cuda",
-            cudagraphs="--cudagraphs" in flags,
-        )  # fmt: skip
-    by_flags = dict(zip(combinations, read_results(results), strict=True))
-    assert by_flags[("--cudagraphs",)]["final_return"] == pytest.approx(by_flags[()]["final_return"], rel=1e-5)
-
-
 # --- Checkpoints, evaluation and interruption: --save-model, --resume, --eval-episodes, --capture-video --------
 
 
@@ -764,108 +505,3 @@ def check_resume_continues_the_run(name, flags, tmp_path, saved_checkpoints, ste
                 assert torch.equal(resumed["replay_buffer"][key][: len(rows)], rows), f"replay {key} before resume"
                 assert resumed["replay_buffer"][key].shape == full["replay_buffer"][key].shape, key
     return resumed
-
-
-def check_checkpoints_load_across_the_pair(plain, twin, flags, tmp_path):
-    """Each member evaluates the other's checkpoint with the same eval return (same seed), and saves back every entry
-    it read unchanged: both read and write one layout, the plain script's."""
-    for source, target in ((twin, plain), (plain, twin)):
-        results = tmp_path / f"{source}.jsonl"
-        run_in_process(source, *flags, "--save-model", "--model-path", tmp_path / f"{source}.pt",
-                       "--eval-episodes", "2", "--results-path", results)  # fmt: skip
-        run_in_process(target, *flags, "--resume", tmp_path / f"{source}.pt", "--save-model",
-                       "--model-path", tmp_path / f"{target}_from_{source}.pt", "--eval-episodes", "2",
-                       "--results-path", results)  # fmt: skip
-        saved, evaluated = read_results(results)
-        assert is_number(saved["eval_return"]), saved
-        assert evaluated["eval_return"] == saved["eval_return"], f"{target} evaluating {source}'s checkpoint"
-        assert evaluated["steps_done"] == saved["steps_done"], "a finished run resumed trains nothing"
-        source_checkpoint = load_checkpoint(tmp_path / f"{source}.pt")
-        resaved = load_checkpoint(tmp_path / f"{target}_from_{source}.pt")
-        assert resaved.pop("run_seconds") > source_checkpoint.pop("run_seconds"), "the run's clock goes on"
-        assert_same_state(resaved, source_checkpoint)
-
-
-def check_bad_checkpoints_are_refused(name, flags, checkpoint, other_algo_checkpoint, changed_flag, tmp_path, capsys):
-    """--resume with a missing, truncated, other-algorithm, other-env or other-hyper-parameter checkpoint: exit 2, one
-    line that says which."""
-    capsys.readouterr()  # what the run that saved the checkpoint printed
-    truncated = tmp_path / "truncated.pt"
-    data = Path(checkpoint).read_bytes()
-    truncated.write_bytes(data[: len(data) // 2])
-    flag, value = changed_flag
-    cases = [
-        (("--resume", tmp_path / "missing.pt"), ["no checkpoint", "missing.pt"]),
-        (("--resume", truncated), ["cannot read", "truncated.pt"]),
-        (("--resume", other_algo_checkpoint), ["not a", "checkpoint"]),
-        (("--resume", checkpoint, "--seed", "7"), ["seed 7"]),
-        (("--resume", checkpoint, flag, value), [flag, "hyper-parameters"]),
-    ]
-    for case_flags, words in cases:
-        check_bad_input_in_process(name, (*flags, *case_flags), words, tmp_path, capsys)
-
-
-def check_video_of_the_evaluation(
-    name, flags, tmp_path, env_id="InvertedPendulum-v5", return_of_frames=lambda n: n - 1
-):
-    """--capture-video: one playable MP4 per evaluation episode beside the checkpoint, a frame per step.
-    return_of_frames: an episode's return from its frame count. On InvertedPendulum-v5 the reward is 1 a step but 0
-    on the step that drops the pole, which a briefly trained agent does early: the frame count less one. On
-    CartPole-v1 every step, the last included, gives 1: the frame count."""
-    import imageio.v3 as iio
-
-    results = tmp_path / "results.jsonl"
-    run_in_process(name, *flags, "--env-id", env_id, "--save-model", "--model-path",
-                   tmp_path / "run" / "agent.pt", "--eval-episodes", "2", "--capture-video",
-                   "--results-path", results)  # fmt: skip
-    videos = sorted((tmp_path / "run" / "videos").glob("*.mp4"))
-    assert [video.name for video in videos] == ["eval-episode-0.mp4", "eval-episode-1.mp4"]
-    frame_counts = []
-    for video in videos:
-        frames = iio.imread(video)
-        assert frames.ndim == 4 and frames.shape[-1] == 3 and frames.max() > 0, frames.shape
-        frame_counts.append(len(frames))
-    assert read_results(results)[0]["eval_return"] == pytest.approx(sum(map(return_of_frames, frame_counts)) / 2)
-
-
-def check_signal_stops_the_run(name, flags, signum, tmp_path, total_timesteps=10**6):
-    """SIGINT or SIGTERM to a running script: it stops at the end of a step, writes its checkpoint and a results line
-    with "interrupted": true and the steps done, says so, exits 128 + the signal, no traceback; then the run resumes
-    from that checkpoint to a finish. The signal waits for the run's first steps, and its budget is one no machine
-    runs in the half second that follows: the signal always finds the run in its loop."""
-    model, results, stderr_path = tmp_path / "agent.pt", tmp_path / "results.jsonl", tmp_path / "stderr.txt"
-    command = [sys.executable, str(script_path(name)), *map(str, flags), "--total-timesteps", str(total_timesteps),
-               "--save-model", "--model-path", str(model), "--results-path", str(results)]  # fmt: skip
-    with open(stderr_path, "w") as stderr:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-                                   stdout=subprocess.PIPE, stderr=stderr, text=True)  # fmt: skip
-        try:
-            with time_limit(600, f"waiting for {name} to step"):
-                # The progress bar shows steps done: the run is in its loop (PPO's total is rounded to whole rollouts).
-                while not re.search(r"\b[1-9]\d*/\d+\b", stderr_path.read_text()):
-                    assert process.poll() is None, stderr_path.read_text()
-                    time.sleep(0.5)
-            process.send_signal(signum)
-            stdout, _ = process.communicate(timeout=300)
-        finally:
-            process.kill()
-    error_output = stderr_path.read_text()
-    assert process.returncode == 128 + signum, (process.returncode, stdout, error_output[-2000:])
-    assert "Traceback" not in error_output + stdout, error_output[-2000:]
-    assert f"interrupted by {signal.Signals(signum).name}" in stdout.strip().splitlines()[-1], stdout
-    (result,) = read_results(results)
-    assert (result["interrupted"], result["cut"], result["model_path"]) == (True, "training", str(model)), result
-    assert 0 < result["steps_done"] < total_timesteps, result
-    assert load_checkpoint(model)["global_step"] == result["steps_done"]
-
-    # The resumed run ends 50 steps on, a budget other than the interrupted run's: a script whose schedule is computed
-    # from the budget refuses that (test_run_rules.py), so the checkpoint is given it, as if the run had been made so.
-    # It runs in this process: what it checks is the checkpoint, not the signal.
-    finish = result["steps_done"] + 50
-    torch.save({**load_checkpoint(model), "total_timesteps": finish}, model)
-    completed = run_script_in_process(name, *flags, "--total-timesteps", finish, "--resume", model, "--save-model",
-                                      "--eval-episodes", "1", "--results-path", results)  # fmt: skip
-    assert completed.returncode == 0, describe(completed)
-    resumed = read_results(results)[-1]
-    assert (resumed["interrupted"], resumed["cut"], resumed["model_path"]) == (False, None, str(model)), resumed
-    assert resumed["steps_done"] >= finish and is_number(resumed["eval_return"]), resumed

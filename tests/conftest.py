@@ -10,9 +10,10 @@ import copy
 import os
 import signal
 
+import gymnasium as gym
 import pytest
 import torch
-from helpers import NEEDS_CUDA  # and leanrl/ on sys.path
+from helpers import NEEDS_CUDA, CountingEnv, ImageObsEnv  # and leanrl/ on sys.path
 
 # --- Running the suite on several workers (pytest-xdist: `-n auto`) --------------------------------------------
 #
@@ -146,3 +147,12 @@ def saved_checkpoints(monkeypatch):
 
     monkeypatch.setattr(torch, "save", save)
     return saved
+
+
+@pytest.fixture
+def registered_counting_and_image_envs():
+    """helpers.CountingEnv and ImageObsEnv registered in gymnasium, for runs in this process."""
+    gym.register("LeanrlTestCounting-v0", entry_point=CountingEnv, max_episode_steps=5)
+    gym.register("LeanrlTestImageObs-v0", entry_point=ImageObsEnv)
+    yield
+    del gym.registry["LeanrlTestCounting-v0"], gym.registry["LeanrlTestImageObs-v0"]

@@ -31,6 +31,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from tensordict.nn import CudaGraphModule
@@ -285,12 +287,6 @@ def read_results(path):
     return [json.loads(line) for line in lines]
 
 
-def output_lines(completed):
-    """All lines a finished subprocess printed (stdout then stderr), split on newlines and tqdm's carriage returns."""
-    text = (completed.stdout or "") + "\n" + (completed.stderr or "")
-    return [line.strip() for line in text.replace("\r", "\n").split("\n") if line.strip()]
-
-
 def describe(completed):
     """A short account of a finished subprocess for assertion messages."""
     return (
@@ -312,32 +308,9 @@ def field_default(field):
     return dataclasses.MISSING
 
 
-def squash(text):
-    """Text with tyro's box-drawing characters and runs of whitespace reduced to single spaces."""
-    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
-
-
 def is_number(value):
     """A finite int or float (not a bool): what a numeric field of the results line must be."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def help_output(name):
-    """What `python leanrl/<name>.py --help` prints, 200 columns wide: the script's __main__ run in this process (a
-    subprocess costs seconds of imports), which must exit with status 0."""
-    out, columns = io.StringIO(), os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "200"
-    try:
-        with command_line([str(script_path(name)), "--help"]), contextlib.redirect_stdout(out):
-            with pytest.raises(SystemExit) as exit_:
-                runpy.run_path(str(script_path(name)), run_name="__main__")
-    finally:
-        if columns is None:
-            del os.environ["COLUMNS"]
-        else:
-            os.environ["COLUMNS"] = columns
-    assert exit_.value.code in (0, None), f"--help exited with {exit_.value.code!r}: {out.getvalue()[-2000:]}"
-    return out.getvalue()
 
 
 def load_checkpoint(path):
@@ -389,3 +362,111 @@ def run_sh_tiny_run(pair, env_id, return_range, env=None):
     flags = run_sh_budget("tiny", pair)
     total = int(flags[flags.index("--total-timesteps") + 1])
     return TinyRun(flags=flags, env_id=env_id, total_timesteps=total, return_range=return_range, env=env)
+
+
+# --- Tiny environments for the tests of DQN and PQN (registered by conftest's registered_counting_and_image_envs) ---
+
+
+class CountingEnv(gym.Env):
+    """Observation [episode, t]. Odd episodes terminate at t = 3; even ones run into the 5-step time limit."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.episode, self.t = -1, 0
+
+    def obs(self):
+        return np.array([self.episode, self.t], dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode, self.t = self.episode + 1, 0
+        return self.obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.obs(), 1.0, self.episode % 2 == 1 and self.t == 3, False, {}
+
+
+class ImageObsEnv(gym.Env):
+    """Discrete actions, image observations: DQN's and PQN's MLPs cannot take them."""
+
+    observation_space = gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)
+    action_space = gym.spaces.Discrete(4)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+# --- Atari runs, their envpool steps recorded (the PPO and PQN Atari tests) ------------------------------------------
+
+
+class RecordingEnvs:
+    """An envpool env that keeps a copy of what each step returned, and with epsilon_key the epsilon the training loop
+    acted with: the loop runs at module level, so its variables are the globals of the frame that calls step."""
+
+    def __init__(self, envs, epsilon_key=None):
+        self._envs, self.steps, self.epsilon_key = envs, [], epsilon_key
+
+    def __getattr__(self, name):
+        return getattr(self._envs, name)
+
+    def step(self, action):
+        epsilon = sys._getframe(1).f_globals.get(self.epsilon_key) if self.epsilon_key else None
+        obs, reward, terminated, truncated, info = self._envs.step(action)
+        self.steps.append(dict(clipped_reward=reward.copy(), game_reward=info["reward"].copy(),
+                               life_lost=terminated.copy(),  # episodic life: a lost life terminates the episode
+                               truncated=truncated.copy(), game_over=info["terminated"].astype(bool),
+                               epsilon=None if epsilon is None else float(epsilon)))  # fmt: skip
+        return obs, reward, terminated, truncated, info
+
+
+def recording_make(made, epsilon_key=None, **make_kwargs):
+    """envpool.make, each env it makes wrapped in a RecordingEnvs and appended to `made`."""
+    import envpool
+
+    real_make = envpool.make
+
+    def make(*args, **kwargs):
+        made.append(RecordingEnvs(real_make(*args, **kwargs, **make_kwargs), epsilon_key))
+        return made[-1]
+
+    return make
+
+
+def recorded_runs(default_flags, epsilon_key=lambda name: None):
+    """recorded_run(name, seed, flags=default_flags, max_episode_steps=None): (the globals of a run on one thread, the
+    envpool steps it made), its envs made with envpool's own time limit unless max_episode_steps is given; each run
+    is made once."""
+    import envpool
+
+    cache = {}
+
+    def run(name, seed, flags=default_flags, max_episode_steps=None):
+        key = name, seed, flags, max_episode_steps
+        if key not in cache:
+            made, limit = [], {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+            with pytest.MonkeyPatch.context() as patch, one_torch_thread():
+                patch.setattr(envpool, "make", recording_make(made, epsilon_key(name), **limit))
+                run_globals = run_in_process(name, *flags, "--seed", seed)
+            assert len(made) == 1, "a run without --save-model makes its training envs alone"
+            cache[key] = run_globals, made[0].steps
+        return cache[key]
+
+    return run
+
+
+def episode_sums(steps, reward_key, end_keys):
+    """The sum of a reward over each episode, an episode ending where one of end_keys is true; in order of ending."""
+    totals, finished = np.zeros(len(steps[0][reward_key])), []
+    for step in steps:
+        totals += step[reward_key]
+        for env in np.flatnonzero(np.any([step[key] for key in end_keys], axis=0)):
+            finished.append(float(totals[env]))
+            totals[env] = 0.0
+    return finished

@@ -5,10 +5,8 @@ ReplayBuffer.sample, the command line, the globals of a run (`episode_returns`, 
 --results-path JSON line, and exit statuses.
 """
 
-import signal
 import statistics
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -17,18 +15,8 @@ from checks import (
     assert_changed,
     assert_leaves_close,
     check_a_second_build_computes_with_its_own_hyperparameters,
-    check_args_of_the_pair_match,
-    check_bad_checkpoints_are_refused,
-    check_bad_input,
     check_bad_input_in_process,
-    check_checkpoints_load_across_the_pair,
-    check_every_flag_has_a_docstring_shown_by_help,
-    check_plain_results_line_is_appended,
     check_resume_continues_the_run,
-    check_signal_stops_the_run,
-    check_twin_runs_with_cudagraphs_on_cuda,
-    check_twin_runs_with_every_flag_combination,
-    check_video_of_the_evaluation,
     flat,
     leaves,
     sync_,
@@ -41,9 +29,9 @@ from helpers import (
     requires_cuda,
     run_in_process,
     run_in_process_until,
-    run_sh_tiny_run,
 )
 from tensordict import TensorDict
+from test_scripts import PAIRS, check_plain_results_line_is_appended, check_twin_runs_with_every_flag_combination
 
 PLAIN = "dqn"
 TWIN = "dqn_torchcompile"
@@ -101,6 +89,7 @@ LEARNING_FLAGS = (
     "--end-e", 0.01,
     "--buffer-size", 40000,
 )  # fmt: skip
+
 LEARNING_THRESHOLD = 400.0  # a random policy: about 22; the maximum: 500
 
 
@@ -344,54 +333,9 @@ def test_twin_built_again_computes_with_its_own_hyperparameters(inductor_fallbac
 # --- 4. Episode ends: a truncation bootstraps, a termination does not, no transition spans a reset -------------
 
 
-class CountingEnv(gym.Env):
-    """Observation [episode, t]. Odd episodes terminate at t = 3; even ones run into the 5-step time limit."""
-
-    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
-    action_space = gym.spaces.Discrete(2)
-
-    def __init__(self):
-        self.episode, self.t = -1, 0
-
-    def obs(self):
-        return np.array([self.episode, self.t], dtype=np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.episode, self.t = self.episode + 1, 0
-        return self.obs(), {}
-
-    def step(self, action):
-        self.t += 1
-        return self.obs(), 1.0, self.episode % 2 == 1 and self.t == 3, False, {}
-
-
-class ImageObsEnv(gym.Env):
-    """Discrete actions, image observations: DQN's MLP cannot take them."""
-
-    observation_space = gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)
-    action_space = gym.spaces.Discrete(4)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return self.observation_space.sample(), {}
-
-    def step(self, action):
-        return self.observation_space.sample(), 0.0, False, False, {}
-
-
-@pytest.fixture
-def registered_counting_and_image_envs():
-    """CountingEnv and ImageObsEnv registered in gymnasium, for runs in this process."""
-    gym.register("DqnTestCounting-v0", entry_point=CountingEnv, max_episode_steps=5)
-    gym.register("DqnTestImageObs-v0", entry_point=ImageObsEnv)
-    yield
-    del gym.registry["DqnTestCounting-v0"], gym.registry["DqnTestImageObs-v0"]
-
-
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_replay_stores_terminations_not_truncations_and_no_reset(name, registered_counting_and_image_envs):
-    flags = ("--env-id", "DqnTestCounting-v0", "--total-timesteps", 40, "--learning-starts", 100, "--batch-size", 8)
+    flags = ("--env-id", "LeanrlTestCounting-v0", "--total-timesteps", 40, "--learning-starts", 100, "--batch-size", 8)
     run = run_in_process(name, *flags)
     assert run["episode_returns"] == [5.0, 3.0] * 5
     replay_buffer = run["replay_buffer"]
@@ -408,34 +352,6 @@ def test_replay_stores_terminations_not_truncations_and_no_reset(name, registere
     assert (batch["rewards"].numpy() == 1).all()
 
 
-# --- 5. Flags ---------------------------------------------------------------------------------------------------
-
-
-def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
-    # The flags every script has are checked in checks.py; here DQN's own, with CleanRL's defaults.
-    expected = {
-        "env_id": "CartPole-v1",
-        "total_timesteps": 500_000,
-        "learning_rate": 2.5e-4,
-        "buffer_size": 10_000,
-        "gamma": 0.99,
-        "tau": 1.0,
-        "target_network_frequency": 500,
-        "batch_size": 128,
-        "start_e": 1.0,
-        "end_e": 0.05,
-        "exploration_fraction": 0.5,
-        "learning_starts": 10_000,
-        "train_frequency": 10,
-    }
-    check_args_of_the_pair_match(PLAIN, TWIN, expected)
-
-
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_every_flag_has_a_docstring_shown_by_help(name):
-    check_every_flag_has_a_docstring_shown_by_help(name)
-
-
 # --- 6. Bad input -------------------------------------------------------------------------------------------------
 #
 # Each case runs the script's __main__ in this process (a subprocess per case would cost seconds of imports each);
@@ -444,7 +360,7 @@ def test_every_flag_has_a_docstring_shown_by_help(name):
 BAD_INPUTS = {
     "unknown-env": (("--env-id", "NoSuchEnv-v0"), ("NoSuchEnv",)),
     "continuous-actions": (("--env-id", "Pendulum-v1"), ("Pendulum-v1", "discrete")),
-    "image-observations": (("--env-id", "DqnTestImageObs-v0"), ("DqnTestImageObs-v0", "flat", "84, 84, 3")),
+    "image-observations": (("--env-id", "LeanrlTestImageObs-v0"), ("LeanrlTestImageObs-v0", "flat", "84, 84, 3")),
     "zero-steps": (("--total-timesteps", "0"), ("total-timesteps",)),
     "zero-train-frequency": (("--train-frequency", "0"), ("train-frequency",)),
     "negative-target-frequency": (("--target-network-frequency", "-5"), ("target-network-frequency",)),
@@ -453,10 +369,6 @@ BAD_INPUTS = {
     "exploration-fraction-over-1": (("--exploration-fraction", "1.5"), ("exploration-fraction", "1.5")),
     "end-e-above-start-e": (("--start-e", "0.1", "--end-e", "0.5"), ("end-e (0.5)", "above", "start-e (0.1)")),
     "epsilon-over-1": (("--start-e", "1.5"), ("start-e", "[0, 1]", "1.5")),
-    "negative-seed": (("--seed", "-1"), ("seed", "-1")),
-    "checkpoint-every-without-save": (("--checkpoint-every", "100"), ("save-model",)),
-    "video-without-save": (("--capture-video",), ("save-model",)),
-    "negative-eval-episodes": (("--eval-episodes", "-1"), ("eval-episodes",)),
 }
 
 
@@ -465,12 +377,6 @@ BAD_INPUTS = {
 def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path, capsys, registered_counting_and_image_envs):
     flags, expected_words = BAD_INPUTS[case]
     check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys)
-
-
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_bad_input_from_the_command_line(name, tmp_path):
-    """One case as a user meets it, in a subprocess: one line, exit status 2, no traceback."""
-    check_bad_input(name, ("--env-id", "Pendulum-v1"), ("Pendulum-v1", "discrete"), tmp_path)
 
 
 # --- 7. Determinism -----------------------------------------------------------------------------------------------
@@ -490,60 +396,24 @@ def test_same_seed_same_returns(name):
     assert other != first
 
 
-# --- 8 and 9. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA -----------------
-
-# run.sh's tiny budget: 400 steps > learning_starts (200) + measure_burnin (3) gradient steps of train_frequency (10)
-# steps, so sps is measured; random CartPole-v1 episodes last about 22 steps, several finish.
-DQN_TINY_RUN = run_sh_tiny_run(PLAIN, "CartPole-v1", (0, 500))
-
-
-def test_plain_results_line_is_appended(tmp_path):
-    check_plain_results_line_is_appended(PLAIN, "dqn", tmp_path, tiny=DQN_TINY_RUN)
-
-
-def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
-    check_twin_runs_with_every_flag_combination(TWIN, "dqn", tmp_path, tiny=DQN_TINY_RUN)
-
-
-@requires_cuda
-def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
-    check_twin_runs_with_cudagraphs_on_cuda(TWIN, "dqn", tmp_path, tiny=DQN_TINY_RUN)
-
-
-# --- 10. Checkpoints: resume, evaluation across the pair, interruption, video, refused checkpoints -------------
-
-TINY_FLAGS = ("--env-id", "CartPole-v1", "--learning-starts", "200", "--batch-size", "32", "--train-frequency", "2")
+# Flags, --help, the results line, flag combinations, checkpoints across the pair, refused checkpoints, video and
+# signals: test_scripts.py. Resuming (epsilon's schedule is a fraction of --total-timesteps: no shorter run's end):
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_resume_continues_the_run(name, tmp_path, saved_checkpoints):
-    # Not the same as a run of 2000 steps: epsilon's schedule is a fraction of --total-timesteps.
-    check_resume_continues_the_run(name, TINY_FLAGS, tmp_path, saved_checkpoints, steps=2000, same_as_shorter_run=False)
+    flags = ("--env-id", "CartPole-v1", "--learning-starts", "200", "--batch-size", "32", "--train-frequency", "2")
+    check_resume_continues_the_run(name, flags, tmp_path, saved_checkpoints, steps=2000, same_as_shorter_run=False)
 
 
-def test_checkpoints_load_across_the_pair(tmp_path):
-    check_checkpoints_load_across_the_pair(PLAIN, TWIN, (*TINY_FLAGS, "--total-timesteps", "600"), tmp_path)
+# --- run.sh's tiny run of the pair: the results line, every flag combination of the twin (test_scripts.py's checks) ---
+
+DQN_TINY_RUN = PAIRS["dqn"].tiny  # test_speedup_table.py reads it here
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_bad_checkpoints_are_refused(name, tmp_path, capsys):
-    flags = (*TINY_FLAGS, "--total-timesteps", "300")
-    run_in_process(name, *flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
-    run_in_process("sac_continuous_action", "--env-id", "Pendulum-v1", "--total-timesteps", "150", "--learning-starts",
-                   "100", "--save-model", "--model-path", tmp_path / "sac.pt", "--eval-episodes", "0")  # fmt: skip
-    check_bad_checkpoints_are_refused(
-        name, flags, tmp_path / "agent.pt", tmp_path / "sac.pt", ("--gamma", "0.9"), tmp_path, capsys
-    )
+def test_plain_results_line_is_appended(tmp_path):
+    check_plain_results_line_is_appended(PAIRS["dqn"], tmp_path)
 
 
-def test_video_of_the_evaluation(tmp_path):
-    check_video_of_the_evaluation(TWIN, (*TINY_FLAGS, "--total-timesteps", "300"), tmp_path, env_id="CartPole-v1",
-                                  return_of_frames=lambda n: n)  # fmt: skip
-
-
-# The two scripts share the handler and the loop's exit: one signal each.
-@pytest.mark.parametrize(
-    ("name", "signum"), [(PLAIN, signal.SIGINT), (TWIN, signal.SIGTERM)], ids=["SIGINT", "SIGTERM"]
-)
-def test_signal_stops_the_run_with_a_checkpoint(name, signum, tmp_path):
-    check_signal_stops_the_run(name, TINY_FLAGS, signum, tmp_path)
+def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
+    check_twin_runs_with_every_flag_combination(PAIRS["dqn"], tmp_path)

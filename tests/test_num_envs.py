@@ -19,7 +19,6 @@ and test_td3.py, run on 4 envs.)
 
 import hashlib
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +31,6 @@ from checks import (
     assert_same_state,
     check_bad_input_in_process,
     check_resume_continues_the_run,
-    check_signal_stops_the_run,
 )
 from helpers import load_checkpoint, load_script, one_torch_thread, read_results, run_in_process
 
@@ -279,11 +277,6 @@ def test_vector_run_resumes_and_refuses_another_num_envs(name, tmp_path, saved_c
     for flag, value in (("--num-envs", "2"), ("--gradient-steps", "1")):
         changed = (*flags, "--total-timesteps", "480", "--resume", tmp_path / "mid.pt", flag, value)
         check_bad_input_in_process(name, changed, [flag, "hyper-parameters"], tmp_path, capsys)
-
-
-@pytest.mark.parametrize("name", ["sac_continuous_action", "td3_continuous_action_torchcompile"])
-def test_vector_run_stops_on_a_signal_with_a_checkpoint(name, tmp_path):
-    check_signal_stops_the_run(name, VECTOR, signal.SIGTERM, tmp_path)
 
 
 # --- Writing the reference (from a checkout before --num-envs) ---------------------------------------------------

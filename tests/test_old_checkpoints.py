@@ -76,9 +76,16 @@ def test_old_checkpoint_resumes_and_evaluates(name, tmp_path, capsys):
     if budget is not None and schedule:
         return
     more = MORE_STEPS["ppo"] if plain.startswith("ppo") else 100
+    capsys.readouterr()
     run_in_process(name, *common, "--total-timesteps", meta["global_step"] + more,
                    "--model-path", tmp_path / "more.pt", "--eval-episodes", "1")  # fmt: skip
+    # A checkpoint written before checkpoints held their budget: where a schedule is computed from it, one line says so.
+    notices = [line for line in capsys.readouterr().err.splitlines() if "--total-timesteps" in line]
+    expected = [f"{schedule} is computed from {meta['global_step'] + more}"] if schedule and budget is None else []
+    assert len(notices) == len(expected) and all(e in n for e, n in zip(expected, notices, strict=True)), notices
     trained = read_results(results)[-1]
     assert trained["steps_done"] >= meta["global_step"] + more and not trained["interrupted"], trained
     assert isinstance(trained["eval_return"], float)
-    assert load_checkpoint(tmp_path / "more.pt")["global_step"] == trained["steps_done"]
+    more_checkpoint = load_checkpoint(tmp_path / "more.pt")
+    assert more_checkpoint["global_step"] == trained["steps_done"]
+    assert more_checkpoint["total_timesteps"] == meta["global_step"] + more

@@ -6,7 +6,6 @@ and exit statuses. The plain script stores frames as float32, the twin as uint8:
 """
 
 import copy
-import signal
 
 import envpool
 import numpy as np
@@ -14,7 +13,6 @@ import pytest
 import torch
 from checks import (
     ATOL,
-    BF16_TWIN_ONLY_FIELDS,
     RTOL,
     SameUpdates,
     assert_changed,
@@ -22,35 +20,29 @@ from checks import (
     assert_params_close_after_steps,
     assert_same_state,
     check_a_second_build_computes_with_its_own_hyperparameters,
-    check_args_of_the_pair_match,
-    check_bad_checkpoints_are_refused,
-    check_bad_input,
     check_bad_input_in_process,
     check_bf16_update_is_fp32_within_rounding,
-    check_checkpoints_load_across_the_pair,
-    check_every_flag_has_a_docstring_shown_by_help,
-    check_plain_results_line_is_appended,
     check_resume_continues_the_run,
-    check_signal_stops_the_run,
-    check_twin_runs_with_cudagraphs_on_cuda,
-    check_twin_runs_with_every_flag_combination,
     detached,
     flat,
     sync_,
 )
 from helpers import (
     DEVICES,
+    RecordingEnvs,
     built,
+    episode_sums,
     expose,
     load_checkpoint,
     load_script,
     one_torch_thread,
     read_results,
+    recorded_runs,
     requires_cuda,
     run_in_process,
-    run_sh_tiny_run,
 )
 from tensordict import TensorDict
+from test_scripts import PAIRS, check_plain_results_line_is_appended, check_twin_runs_with_every_flag_combination
 
 PLAIN = "ppo_atari_envpool"
 TWIN = "ppo_atari_envpool_torchcompile"
@@ -420,23 +412,6 @@ def ppo_compiled_calls(module, device="cpu", **overrides):
     return {**outputs, **flat(losses=call_update(ppo, module.__name__, batch), agent=params(ppo))}
 
 
-# --- 4. Flags -------------------------------------------------------------------------------------------------------
-
-
-def test_args_of_the_pair_match_but_for_the_speed_flags():
-    # The flags every script has are checked in checks.py; here CleanRL's ppo_atari_envpool hyper-parameters.
-    expected = dict(env_id="Breakout-v5", total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128,
-                    anneal_lr=True, gamma=0.99, gae_lambda=0.95, num_minibatches=4, update_epochs=4, norm_adv=True,
-                    clip_coef=0.1, clip_vloss=True, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5,
-                    target_kl=None)  # fmt: skip
-    check_args_of_the_pair_match(PLAIN, TWIN, expected, twin_only=BF16_TWIN_ONLY_FIELDS)
-
-
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_every_flag_has_a_docstring_shown_by_help(name):
-    check_every_flag_has_a_docstring_shown_by_help(name)
-
-
 # --- 5. Bad input ---------------------------------------------------------------------------------------------------
 
 BAD_INPUTS = {
@@ -450,12 +425,6 @@ BAD_INPUTS = {
     "zero-envs": (("--num-envs", "0"), ("num-envs",)),
     "negative-steps": (("--num-steps", "-8"), ("num-steps",)),
     "zero-timesteps": (("--total-timesteps", "0"), ("total-timesteps",)),
-    "seed-out-of-range": (("--seed", "-1"), ("seed",)),
-    "checkpoint-every-without-save": (("--checkpoint-every", "1000"), ("checkpoint-every", "save-model")),
-    "video-without-save": (("--capture-video",), ("capture-video", "save-model")),
-    "negative-checkpoint-every": (("--save-model", "--checkpoint-every", "-32"), ("checkpoint-every", ">= 0")),
-    "negative-eval-episodes": (("--save-model", "--eval-episodes", "-1"), ("eval-episodes", ">= 0")),
-    "video-without-eval-games": (("--save-model", "--capture-video", "--eval-episodes", "0"), ("eval-episodes",)),
 }
 
 
@@ -466,13 +435,6 @@ def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path, capsys):
     check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys)
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_bad_input_from_the_command_line(name, tmp_path):
-    """One case as a user meets it, in a subprocess: one line, exit status 2, no traceback."""
-    flags, expected_words = BAD_INPUTS["unknown-env"]
-    check_bad_input(name, flags, expected_words, tmp_path)
-
-
 # --- 6. Runs: determinism and the game's real returns ---------------------------------------------------------------
 
 # Asterix: 3 lives, rewards of 50 and more (clipped to 1), games of about 200-350 steps under a near-uniform policy.
@@ -481,65 +443,10 @@ RUN = ("--env-id", "Asterix-v5", "--num-envs", "2", "--num-steps", "128", "--tot
        "--num-minibatches", "2", "--update-epochs", "1")  # fmt: skip
 
 
-class RecordingEnvs:
-    """An envpool env that keeps a copy of what each step returned."""
-
-    def __init__(self, envs):
-        self._envs = envs
-        self.steps = []
-
-    def __getattr__(self, name):
-        return getattr(self._envs, name)
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self._envs.step(action)
-        self.steps.append(
-            dict(
-                clipped_reward=reward.copy(),
-                game_reward=info["reward"].copy(),
-                life_lost=terminated.copy(),  # episodic life: a lost life terminates the episode
-                truncated=truncated.copy(),
-                game_over=info["terminated"].astype(bool),
-            )
-        )
-        return obs, reward, terminated, truncated, info
-
-
 @pytest.fixture(scope="module")
 def recorded_run():
-    """recorded_run(name, seed): (the globals of a run of RUN, the envpool steps it made); each run is made once."""
-    cache = {}
-    real_make = envpool.make
-
-    def run(name, seed):
-        if (name, seed) not in cache:
-            made = []
-
-            def make(*args, **kwargs):
-                made.append(RecordingEnvs(real_make(*args, **kwargs)))
-                return made[-1]
-
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(envpool, "make", make)
-                run_globals = run_in_process(name, *RUN, "--seed", seed)
-            assert len(made) == 1
-            cache[name, seed] = run_globals, made[0].steps
-        return cache[name, seed]
-
-    return run
-
-
-def episode_sums(steps, reward_key, end_keys):
-    """The sum of a reward over each episode, an episode ending where one of end_keys is true; in order of ending."""
-    num_envs = len(steps[0][reward_key])
-    totals, finished = np.zeros(num_envs), []
-    for step in steps:
-        totals += step[reward_key]
-        for env in range(num_envs):
-            if any(step[key][env] for key in end_keys):
-                finished.append(float(totals[env]))
-                totals[env] = 0.0
-    return finished
+    """recorded_run(name, seed): (the globals of a run of RUN, the envpool steps it made); helpers.recorded_runs."""
+    return recorded_runs(RUN)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -606,28 +513,7 @@ def test_twin_run_matches_plain_run(recorded_run):
     assert_changed(params(build(load_script(PLAIN), seed=1)), params(plain_globals["ppo"]), "plain parameters")
 
 
-# --- 7. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA ----------------------
-
-# run.sh's tiny budget (Breakout-v5, the default game): 8 rollouts of 2 x 32 steps, more than measure_burnin (3 by
-# default), so sps is measured. Games end within 256 steps per env under a near-uniform policy; a Breakout score is a
-# whole number of at least 0 (a high bound: 10,000). One epoch an update.
-TINY = run_sh_tiny_run(PLAIN, "Breakout-v5", (-1, 10_000), env=ONE_THREAD)
-
-
-def test_plain_results_line_is_appended(tmp_path):
-    check_plain_results_line_is_appended(PLAIN, "ppo_atari", tmp_path, tiny=TINY)
-
-
-def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
-    check_twin_runs_with_every_flag_combination(TWIN, "ppo_atari", tmp_path, tiny=TINY)
-
-
-@requires_cuda
-def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
-    check_twin_runs_with_cudagraphs_on_cuda(TWIN, "ppo_atari", tmp_path, tiny=TINY)
-
-
-# --- 8. Checkpoints: resume, evaluation across the pair, interruption, video, refused checkpoints --------------
+# --- 8. Checkpoints: resume, the layout, refused checkpoints, video (flags, results, signals: test_scripts.py) -----
 #
 # Iterations of 2 envs x 16 steps and one minibatch update each: a checkpoint's step count is a multiple of 32.
 
@@ -695,28 +581,6 @@ def test_twin_reads_and_writes_the_plain_layout():
     assert {state["step"].item() for state in twin.optimizer.state.values()} == {3.0}
 
 
-def test_checkpoints_load_across_the_pair(tmp_path):
-    check_checkpoints_load_across_the_pair(PLAIN, TWIN, (*TINY_FLAGS, "--total-timesteps", 2 * BATCH_STEPS), tmp_path)
-
-
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_bad_checkpoints_are_refused(name, tmp_path, capsys):
-    flags = (*TINY_FLAGS, "--total-timesteps", BATCH_STEPS)
-    run_in_process(name, *flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
-    other_algo = load_checkpoint(tmp_path / "agent.pt") | {"algo": "ppo_continuous"}
-    torch.save(other_algo, tmp_path / "ppo_continuous.pt")
-    check_bad_checkpoints_are_refused(
-        name, flags, tmp_path / "agent.pt", tmp_path / "ppo_continuous.pt", ("--num-steps", "8"), tmp_path, capsys
-    )
-    # Another game, and a file torch reads that holds no checkpoint.
-    torch.save(torch.zeros(3), tmp_path / "tensor.pt")
-    for case_flags, words in (
-        (("--resume", tmp_path / "agent.pt", "--env-id", "Pong-v5"), ["Breakout-v5", "Pong-v5"]),
-        (("--resume", tmp_path / "tensor.pt"), ["not a", "checkpoint", "Tensor"]),
-    ):
-        check_bad_input_in_process(name, (*flags, *case_flags), words, tmp_path, capsys)
-
-
 class RecordingEvalEnvs(RecordingEnvs):
     """RecordingEnvs that also keeps the first observation of each reset."""
 
@@ -775,13 +639,6 @@ def test_video_of_the_evaluation(tmp_path, monkeypatch):
     assert read_results(results)[0]["eval_return"] == pytest.approx(np.mean(game_returns))
 
 
-@pytest.mark.parametrize(("name", "signum"), [(PLAIN, signal.SIGINT), (TWIN, signal.SIGTERM)],
-                         ids=["plain-SIGINT", "twin-SIGTERM"])  # fmt: skip
-def test_signal_stops_the_run_with_a_checkpoint(name, signum, tmp_path):
-    """The handler is the same code in both scripts: each script meets one of the two signals."""
-    check_signal_stops_the_run(name, TINY_FLAGS, signum, tmp_path)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", [TWIN, "pqn_atari_envpool_torchcompile", "ppo_atari_envpool_distributed_torchcompile"])
 def test_atari_frames_reach_the_device_unchanged(name, device):
@@ -814,3 +671,16 @@ def test_atari_frames_reach_the_device_unchanged(name, device):
     for copied, frames in zip(on_device, batches, strict=True):
         assert copied.dtype == torch.uint8 and copied.device.type == "cuda"
         assert torch.equal(copied.cpu(), torch.from_numpy(frames))
+
+
+# --- run.sh's tiny run of the pair: the results line, every flag combination of the twin (test_scripts.py's checks) ---
+
+TINY = PAIRS["ppo_atari"].tiny  # test_speedup_table.py reads it here
+
+
+def test_plain_results_line_is_appended(tmp_path):
+    check_plain_results_line_is_appended(PAIRS["ppo_atari"], tmp_path)
+
+
+def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
+    check_twin_runs_with_every_flag_combination(PAIRS["ppo_atari"], tmp_path)

@@ -23,20 +23,13 @@ import run_utils
 import torch
 import torch.distributed as dist
 from checks import (
-    BF16_TWIN_ONLY_FIELDS,
     SameUpdates,
     assert_leaves_close,
     assert_same_state,
     check_a_second_build_computes_with_its_own_hyperparameters,
-    check_args_of_the_pair_match,
-    check_bad_checkpoints_are_refused,
     check_bad_input_in_process,
     check_bf16_update_is_fp32_within_rounding,
-    check_every_flag_has_a_docstring_shown_by_help,
-    check_plain_results_line_is_appended,
     check_resume_continues_the_run,
-    check_signal_stops_the_run,
-    check_twin_runs_with_every_flag_combination,
     detached,
     sync_,
 )
@@ -55,10 +48,10 @@ from helpers import (
     one_torch_thread,
     read_results,
     run_in_process,
-    run_sh_tiny_run,
     script_path,
 )
 from test_ppo_atari import NUM_ACTIONS, build, call_update, ppo_compiled_calls, random_minibatch
+from test_scripts import PAIRS, check_plain_results_line_is_appended, check_twin_runs_with_every_flag_combination
 
 PLAIN = "ppo_atari_envpool_distributed"
 TWIN = "ppo_atari_envpool_distributed_torchcompile"
@@ -248,16 +241,6 @@ def test_resume_continues_a_world_of_one(name, tmp_path, saved_checkpoints):
     assert resumed["iteration"] == 4 and resumed["world_size"] == 1 and resumed["rank_rngs"] == []
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_bad_checkpoints_are_refused(name, tmp_path, capsys):
-    flags = (*TINY_FLAGS, "--total-timesteps", BATCH_STEPS)
-    run_in_process(name, *flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
-    torch.save(load_checkpoint(tmp_path / "agent.pt") | {"algo": "ppo_continuous"}, tmp_path / "ppo_continuous.pt")
-    check_bad_checkpoints_are_refused(
-        name, flags, tmp_path / "agent.pt", tmp_path / "ppo_continuous.pt", ("--num-steps", "8"), tmp_path, capsys
-    )
-
-
 def test_envs_of_a_rank_are_those_of_a_single_process():
     """envpool seeds env i of a pool with seed + i: rank r's pool, seeded seed + r * envs a rank, plays what a single
     process's envs r * envs a rank, ... play (the same frames for the same actions). A pool seeded one off does not."""
@@ -326,23 +309,15 @@ def test_twin_built_again_computes_with_its_own_hyperparameters(world_of_one, in
 # --- 5. Flags, bad input, a lost rank, signals -----------------------------------------------------------------
 
 
-def test_args_of_the_pair_match_and_are_those_of_the_single_process_pair():
-    """The twin has the plain script's flags plus its speed flags; both have exactly the single-process pair's
-    flags, with the same defaults (--num-envs is the number of envs over all ranks)."""
-    expected = dict(env_id="Breakout-v5", total_timesteps=10_000_000, num_envs=8, num_steps=128, num_minibatches=4,
-                    update_epochs=4, target_kl=None)  # fmt: skip
-    check_args_of_the_pair_match(PLAIN, TWIN, expected, twin_only=BF16_TWIN_ONLY_FIELDS)
+def test_args_are_those_of_the_single_process_pair():
+    """Both scripts have exactly the single-process pair's flags, with the same defaults (--num-envs is the number of
+    envs over all ranks). (The pair's own match: test_scripts.py.)"""
     for name in SCRIPTS:
         fields, single_fields = args_fields(load_script(name)), args_fields(load_script(SINGLE_PROCESS[name]))
         assert list(fields) == list(single_fields)
         for field in fields:
             if field != "exp_name":
                 assert field_default(fields[field]) == field_default(single_fields[field]), field
-
-
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_every_flag_has_a_docstring_shown_by_help(name):
-    check_every_flag_has_a_docstring_shown_by_help(name)
 
 
 BAD_WORLD_SIZES = [
@@ -425,22 +400,18 @@ def test_a_lost_rank_ends_the_others_with_one_line(tmp_path):
     assert len(lines) == 1 and f"{PLAIN}.py: error: lost another rank: " in lines[0], lines
 
 
-def test_signal_stops_a_world_of_one_with_a_checkpoint(tmp_path):
-    """A plain launch is a world of one: SIGTERM ends it after the iteration, checkpoint and results line written,
-    exit 143; the run then resumes from the checkpoint."""
-    check_signal_stops_the_run(TWIN, TINY_FLAGS, signal.SIGTERM, tmp_path)
+# The flags of the pair, --help, the results line, every flag combination of the twin and a signal to a world of one:
+# test_scripts.py.
 
 
-# --- 6. --results-path, and every flag combination of the twin (CPU), in a world of one ----------------------------
+# --- run.sh's tiny run of the pair: the results line, every flag combination of the twin (test_scripts.py's checks) ---
 
-# run.sh's tiny budget of this pair, the single-process pair's (its tests say why: sps measured, a game ends in each
-# env): run.sh --tiny launches this pair as a world of one, with python, as these runs do.
-TINY = run_sh_tiny_run(PLAIN, "Breakout-v5", (-1, 10_000), env={"OMP_NUM_THREADS": "1"})
+TINY = PAIRS["ppo_atari_distributed"].tiny  # test_speedup_table.py reads it here
 
 
 def test_plain_results_line_is_appended(tmp_path):
-    check_plain_results_line_is_appended(PLAIN, "ppo_atari_distributed", tmp_path, tiny=TINY)
+    check_plain_results_line_is_appended(PAIRS["ppo_atari_distributed"], tmp_path)
 
 
 def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
-    check_twin_runs_with_every_flag_combination(TWIN, "ppo_atari_distributed", tmp_path, tiny=TINY)
+    check_twin_runs_with_every_flag_combination(PAIRS["ppo_atari_distributed"], tmp_path)

@@ -7,7 +7,6 @@ and exit statuses.
 
 import functools
 import io
-import signal
 import statistics
 
 import gymnasium as gym
@@ -23,18 +22,8 @@ from checks import (
     assert_leaves_close,
     assert_same_state,
     check_a_second_build_computes_with_its_own_hyperparameters,
-    check_args_of_the_pair_match,
-    check_bad_checkpoints_are_refused,
-    check_bad_input,
     check_bad_input_in_process,
-    check_checkpoints_load_across_the_pair,
-    check_every_flag_has_a_docstring_shown_by_help,
-    check_plain_results_line_is_appended,
     check_resume_continues_the_run,
-    check_signal_stops_the_run,
-    check_twin_runs_with_cudagraphs_on_cuda,
-    check_twin_runs_with_every_flag_combination,
-    check_video_of_the_evaluation,
     flat,
     sync_,
 )
@@ -45,9 +34,9 @@ from helpers import (
     requires_cuda,
     run_in_process,
     run_in_process_until,
-    run_sh_tiny_run,
 )
 from tensordict import TensorDict
+from test_scripts import PAIRS, check_plain_results_line_is_appended, check_twin_runs_with_every_flag_combination
 
 PLAIN = "ppo_continuous_action"
 TWIN = "ppo_continuous_action_torchcompile"
@@ -395,43 +384,10 @@ def test_twin_built_again_computes_with_its_own_hyperparameters(inductor_fallbac
     check_a_second_build_computes_with_its_own_hyperparameters(TWIN, compiled_calls)
 
 
-# --- 4. Flags ---------------------------------------------------------------------------------------------------
-
-
-def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
-    # The flags every script has are checked in checks.py; here continuous PPO's own, with CleanRL's defaults.
-    expected = {
-        "env_id": "HalfCheetah-v5",
-        "total_timesteps": 1_000_000,
-        "learning_rate": 3e-4,
-        "num_envs": 1,
-        "num_steps": 2048,
-        "anneal_lr": True,
-        "gamma": 0.99,
-        "gae_lambda": 0.95,
-        "num_minibatches": 32,
-        "update_epochs": 10,
-        "norm_adv": True,
-        "clip_coef": 0.2,
-        "clip_vloss": True,
-        "ent_coef": 0.0,
-        "vf_coef": 0.5,
-        "max_grad_norm": 0.5,
-        "target_kl": None,
-    }
-    check_args_of_the_pair_match(PLAIN, TWIN, expected)
-
-
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_every_flag_has_a_docstring_shown_by_help(name):
-    check_every_flag_has_a_docstring_shown_by_help(name)
-
-
 # --- 5. Bad input -------------------------------------------------------------------------------------------------
 
 BAD_INPUTS = {
     "unknown-env": (("--env-id", "NoSuchEnv-v0"), ("NoSuchEnv",)),
-    "negative-seed": (("--seed", "-1"), ("seed", "-1")),
     "discrete-env": (("--env-id", "CartPole-v1"), ("CartPole-v1",)),
     "minibatches-not-dividing": (("--num-steps", "100", "--num-minibatches", "8"), ("num-minibatches", "100")),
     "zero-steps": (("--total-timesteps", "0",), ("total-timesteps",)),
@@ -439,11 +395,6 @@ BAD_INPUTS = {
     "negative-rollout": (("--num-steps", "-5",), ("num-steps",)),
     "zero-minibatches": (("--num-minibatches", "0",), ("num-minibatches",)),
     "zero-epochs": (("--update-epochs", "0",), ("update-epochs",)),
-    "checkpoint-every-without-save": (("--checkpoint-every", "2048"), ("checkpoint-every", "save-model")),
-    "video-without-save": (("--capture-video",), ("capture-video", "save-model")),
-    "video-without-eval-episodes": (("--save-model", "--capture-video", "--eval-episodes", "0"), ("eval-episodes",)),
-    "negative-eval-episodes": (("--eval-episodes", "-1"), ("eval-episodes",)),
-    "negative-checkpoint-every": (("--save-model", "--checkpoint-every", "-1"), ("checkpoint-every",)),
 }  # fmt: skip
 
 
@@ -452,13 +403,6 @@ BAD_INPUTS = {
 def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path, capsys):
     flags, expected_words = BAD_INPUTS[case]
     check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys)
-
-
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_bad_input_from_the_command_line(name, tmp_path):
-    """One case as a user meets it, in a subprocess: one line, exit status 2, no traceback."""
-    flags, expected_words = BAD_INPUTS["unknown-env"]
-    check_bad_input(name, flags, expected_words, tmp_path)
 
 
 # --- 6. Determinism -----------------------------------------------------------------------------------------------
@@ -477,32 +421,7 @@ def test_same_seed_same_returns(name):
     assert other != first
 
 
-# --- 7 and 8. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA -----------------
-
-# run.sh's tiny budget: four rollouts of 64 steps, one more than measure_burnin (3 by default), so sps is measured;
-# InvertedPendulum-v5 episodes of a fresh policy last a few steps and earn 1 per step, at most 1000. The twin compiled
-# here and in run.sh's tiny run has the same shapes, so the second compilation finds inductor's cache.
-TINY = run_sh_tiny_run(PLAIN, "InvertedPendulum-v5", (0, 1000))
-
-
-def test_plain_results_line_is_appended(tmp_path):
-    check_plain_results_line_is_appended(PLAIN, "ppo_continuous", tmp_path, tiny=TINY)
-
-
-def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
-    check_twin_runs_with_every_flag_combination(TWIN, "ppo_continuous", tmp_path, tiny=TINY)
-
-
-@requires_cuda
-def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
-    check_twin_runs_with_cudagraphs_on_cuda(TWIN, "ppo_continuous", tmp_path, tiny=TINY)
-
-
 # --- 9. Checkpoints: resume, evaluation across the pair, interruption, video, refused checkpoints --------------
-
-# Iterations of 64 steps (a multiple divides the signal check's 10**6 steps, so its progress bar shows that total).
-CHECKPOINT_FLAGS = ("--env-id", "InvertedPendulum-v5", "--num-steps", "64", "--num-minibatches", "2",
-                    "--update-epochs", "2")  # fmt: skip
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -512,6 +431,11 @@ def test_resume_continues_the_run(name, tmp_path, saved_checkpoints):
     flags = ("--env-id", "InvertedPendulum-v5", "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2",
              "--update-epochs", "2")  # fmt: skip
     check_resume_continues_the_run(name, flags, tmp_path, saved_checkpoints, steps=128, same_as_shorter_run=False)
+
+
+# Iterations of 64 steps (test_scripts.py's runs of this pair take the same).
+CHECKPOINT_FLAGS = ("--env-id", "InvertedPendulum-v5", "--num-steps", "64", "--num-minibatches", "2",
+                    "--update-epochs", "2")  # fmt: skip
 
 
 def learning_rate(checkpoint):
@@ -629,29 +553,18 @@ def test_twin_envs_normalise_as_the_plain_scripts():
         assert torch.equal(plain_state[key]["var"], twin_state[key]["var"])
 
 
-def test_checkpoints_load_across_the_pair(tmp_path):
-    check_checkpoints_load_across_the_pair(PLAIN, TWIN, (*CHECKPOINT_FLAGS, "--total-timesteps", "128"), tmp_path)
+# Flags, --help, the results line, flag combinations, checkpoints across the pair, refused checkpoints, video and
+# signals: test_scripts.py.
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_bad_checkpoints_are_refused(name, tmp_path, capsys):
-    flags = (*CHECKPOINT_FLAGS, "--total-timesteps", "64")
-    run_in_process(name, *flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
-    run_in_process("sac_continuous_action", "--env-id", "Pendulum-v1", "--total-timesteps", "110", "--learning-starts",
-                   "100", "--batch-size", "32", "--save-model", "--model-path", tmp_path / "sac.pt",
-                   "--eval-episodes", "0")  # fmt: skip
-    check_bad_checkpoints_are_refused(
-        name, flags, tmp_path / "agent.pt", tmp_path / "sac.pt", ("--clip-coef", "0.1"), tmp_path, capsys
-    )
+# --- run.sh's tiny run of the pair: the results line, every flag combination of the twin (test_scripts.py's checks) ---
+
+TINY = PAIRS["ppo_continuous"].tiny  # test_speedup_table.py reads it here
 
 
-def test_video_of_the_evaluation(tmp_path):
-    check_video_of_the_evaluation(TWIN, (*CHECKPOINT_FLAGS[2:], "--total-timesteps", "64"), tmp_path)
+def test_plain_results_line_is_appended(tmp_path):
+    check_plain_results_line_is_appended(PAIRS["ppo_continuous"], tmp_path)
 
 
-# Each case runs two subprocesses (about 30 s on 2 cores): each script gets one of the two signals.
-@pytest.mark.parametrize(
-    ("name", "signum"), [(PLAIN, signal.SIGINT), (TWIN, signal.SIGTERM)], ids=["plain-SIGINT", "twin-SIGTERM"]
-)
-def test_signal_stops_the_run_with_a_checkpoint(name, signum, tmp_path):
-    check_signal_stops_the_run(name, CHECKPOINT_FLAGS, signum, tmp_path)
+def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
+    check_twin_runs_with_every_flag_combination(PAIRS["ppo_continuous"], tmp_path)

@@ -5,7 +5,6 @@ it returns, the command line, the globals of a run (`episode_returns`, the last 
 checkpoints and exit statuses.
 """
 
-import signal
 import statistics
 import sys
 
@@ -18,33 +17,23 @@ from checks import (
     assert_changed,
     assert_leaves_close,
     check_a_second_build_computes_with_its_own_hyperparameters,
-    check_args_of_the_pair_match,
-    check_bad_checkpoints_are_refused,
-    check_bad_input,
     check_bad_input_in_process,
-    check_checkpoints_load_across_the_pair,
-    check_every_flag_has_a_docstring_shown_by_help,
-    check_plain_results_line_is_appended,
     check_resume_continues_the_run,
-    check_signal_stops_the_run,
-    check_twin_runs_with_cudagraphs_on_cuda,
-    check_twin_runs_with_every_flag_combination,
     flat,
     leaves,
     sync_,
 )
 from helpers import (
     DEVICES,
-    TinyRun,
     expose,
     load_script,
     one_torch_thread,
     requires_cuda,
     run_in_process,
     run_in_process_until,
-    run_sh_tiny_run,
 )
 from tensordict import TensorDict
+from test_scripts import PAIRS, check_plain_results_line_is_appended, check_twin_runs_with_every_flag_combination
 
 PLAIN = "pqn"
 TWIN = "pqn_torchcompile"
@@ -343,51 +332,6 @@ def test_twin_built_again_computes_with_its_own_hyperparameters(inductor_fallbac
 # --- 4. Episode ends: a truncation ends the return like a termination, no transition spans a reset ---------
 
 
-class CountingEnv(gym.Env):
-    """Observation [episode, t]. Odd episodes terminate at t = 3; even ones run into the 5-step time limit."""
-
-    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
-    action_space = gym.spaces.Discrete(2)
-
-    def __init__(self):
-        self.episode, self.t = -1, 0
-
-    def obs(self):
-        return np.array([self.episode, self.t], dtype=np.float32)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.episode, self.t = self.episode + 1, 0
-        return self.obs(), {}
-
-    def step(self, action):
-        self.t += 1
-        return self.obs(), 1.0, self.episode % 2 == 1 and self.t == 3, False, {}
-
-
-class ImageObsEnv(gym.Env):
-    """Discrete actions, image observations: PQN's MLP cannot take them."""
-
-    observation_space = gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)
-    action_space = gym.spaces.Discrete(4)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return self.observation_space.sample(), {}
-
-    def step(self, action):
-        return self.observation_space.sample(), 0.0, False, False, {}
-
-
-@pytest.fixture
-def registered_counting_and_image_envs():
-    """CountingEnv and ImageObsEnv registered in gymnasium, for runs in this process."""
-    gym.register("PqnTestCounting-v0", entry_point=CountingEnv, max_episode_steps=5)
-    gym.register("PqnTestImageObs-v0", entry_point=ImageObsEnv)
-    yield
-    del gym.registry["PqnTestCounting-v0"], gym.registry["PqnTestImageObs-v0"]
-
-
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_returns_end_at_truncations_as_terminations_and_span_no_reset(name, registered_counting_and_image_envs):
     """One rollout of 40 steps of one env, learning rate 1e-30 (its domain is > 0; too small to move a float32 weight,
@@ -396,7 +340,7 @@ def test_returns_end_at_truncations_as_terminations_and_span_no_reset(name, regi
     episode but after an end; and the Q(lambda) targets those of their definition with every episode end cutting the
     return: at a truncation, as at a termination, the target is the reward alone (no bootstrap from the episode's last
     observation), and no target up to an end depends on anything after it."""
-    flags = ("--env-id", "PqnTestCounting-v0", "--total-timesteps", 40, "--num-envs", 1, "--num-steps", 40,
+    flags = ("--env-id", "LeanrlTestCounting-v0", "--total-timesteps", 40, "--num-envs", 1, "--num-steps", 40,
              "--num-minibatches", 1, "--learning-rate", 1e-30)  # fmt: skip
     run = run_in_process(name, *flags)
     assert run["episode_returns"] == [5.0, 3.0] * 5
@@ -434,39 +378,12 @@ def test_returns_end_at_truncations_as_terminations_and_span_no_reset(name, regi
     torch.testing.assert_close(returns.double(), expected, rtol=1e-5, atol=1e-5)
 
 
-# --- 5. Flags ---------------------------------------------------------------------------------------------------
-
-
-def test_args_of_the_pair_match_but_for_compile_and_cudagraphs():
-    expected = {  # CleanRL's pqn.py
-        "env_id": "CartPole-v1",
-        "total_timesteps": 500_000,
-        "learning_rate": 2.5e-4,
-        "num_envs": 4,
-        "num_steps": 128,
-        "num_minibatches": 4,
-        "update_epochs": 4,
-        "anneal_lr": True,
-        "gamma": 0.99,
-        "start_e": 1.0,
-        "end_e": 0.05,
-        "exploration_fraction": 0.5,
-        "max_grad_norm": 10.0,
-        "q_lambda": 0.65,
-    }
-    check_args_of_the_pair_match(PLAIN, TWIN, expected)
-
-
-def test_every_flag_of_the_twin_has_a_docstring_shown_by_help():
-    check_every_flag_has_a_docstring_shown_by_help(TWIN)  # the plain script's flags are the twin's (test above)
-
-
 # --- 6. Bad input -------------------------------------------------------------------------------------------------
 
 BAD_INPUTS = {
     "unknown-env": (("--env-id", "NoSuchEnv-v0"), ("NoSuchEnv",)),
     "continuous-actions": (("--env-id", "Pendulum-v1"), ("Pendulum-v1", "discrete")),
-    "image-observations": (("--env-id", "PqnTestImageObs-v0"), ("PqnTestImageObs-v0", "flat", "84, 84, 3")),
+    "image-observations": (("--env-id", "LeanrlTestImageObs-v0"), ("LeanrlTestImageObs-v0", "flat", "84, 84, 3")),
     "zero-envs": (("--num-envs", "0"), ("num-envs",)),
     "zero-steps": (("--num-steps", "0"), ("num-steps",)),
     "minibatches-not-dividing": (("--num-minibatches", "3"), ("num-minibatches (3)", "512")),
@@ -477,7 +394,6 @@ BAD_INPUTS = {
     "epsilon-over-1": (("--start-e", "1.5"), ("start-e", "[0, 1]", "1.5")),
     "end-e-above-start-e": (("--start-e", "0.1", "--end-e", "0.5"), ("end-e (0.5)", "above", "start-e (0.1)")),
     "zero-max-grad-norm": (("--max-grad-norm", "0"), ("max-grad-norm",)),
-    "video-without-save": (("--capture-video",), ("save-model",)),
 }
 
 
@@ -486,11 +402,6 @@ BAD_INPUTS = {
 def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path, capsys, registered_counting_and_image_envs):
     flags, expected_words = BAD_INPUTS[case]
     check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys)
-
-
-def test_bad_input_from_the_command_line(tmp_path):
-    """One case as a user meets it, in a subprocess: one line, exit status 2, no traceback."""
-    check_bad_input(TWIN, ("--q-lambda", "2"), ("q-lambda", "[0, 1]"), tmp_path)
 
 
 # --- 7. Determinism -----------------------------------------------------------------------------------------------
@@ -503,30 +414,6 @@ def test_same_seed_same_returns(name):
     assert len(first) >= 5, first
     assert run_in_process(name, *flags, "--seed", 1)["episode_returns"] == first
     assert run_in_process(name, *flags, "--seed", 2)["episode_returns"] != first
-
-
-# --- 8 and 9. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA -----------------
-
-# run.sh's tiny budget: 6 rollouts of 8 x 32 steps: the sps clock starts after measure_burnin (3) iterations (the
-# CUDA graphs of --cudagraphs are recorded in the 5th); random CartPole-v1 episodes last about 22 steps,
-# several finish. The rollout, minibatch and lambda of the learning test's run: the compiled runs' kernels are those
-# it compiled, found in inductor's cache instead of compiled again.
-PQN_TINY_RUN = run_sh_tiny_run(PLAIN, "CartPole-v1", (0, 500))
-
-
-def test_plain_results_line_is_appended(tmp_path):
-    check_plain_results_line_is_appended(PLAIN, "pqn", tmp_path, tiny=PQN_TINY_RUN)
-
-
-def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
-    check_twin_runs_with_every_flag_combination(TWIN, "pqn", tmp_path, tiny=PQN_TINY_RUN)
-
-
-@requires_cuda
-def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
-    # value() and returns() are recorded in the 5th iteration (CudaGraphModule(warmup=5)), later ones replay them.
-    tiny = TinyRun(tuple(map(str, (*TINY_FLAGS, "--total-timesteps", 320))), "CartPole-v1", 320, (0, 500))
-    check_twin_runs_with_cudagraphs_on_cuda(TWIN, "pqn", tmp_path, tiny=tiny)
 
 
 # --- 10. Checkpoints: resume, the budget, evaluation across the pair, interruption, refused checkpoints --------
@@ -556,22 +443,18 @@ def test_resume_with_another_budget_is_refused(anneal, tmp_path, capsys):
                                ["--total-timesteps 64", schedule], tmp_path, capsys)  # fmt: skip
 
 
-def test_checkpoints_load_across_the_pair(tmp_path):
-    check_checkpoints_load_across_the_pair(PLAIN, TWIN, (*TINY_FLAGS, "--total-timesteps", 64), tmp_path)
+# Flags, --help, the results line, flag combinations, checkpoints across the pair, refused checkpoints and signals:
+# test_scripts.py.
 
 
-def test_bad_checkpoints_are_refused(tmp_path, capsys):
-    flags = (*TINY_FLAGS, "--total-timesteps", 64)
-    run_in_process(TWIN, *flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", 0)
-    run_in_process("dqn", "--total-timesteps", 150, "--learning-starts", 100, "--batch-size", 32, "--save-model",
-                   "--model-path", tmp_path / "dqn.pt", "--eval-episodes", 0)  # fmt: skip
-    check_bad_checkpoints_are_refused(
-        TWIN, flags, tmp_path / "agent.pt", tmp_path / "dqn.pt", ("--q-lambda", "0.9"), tmp_path, capsys
-    )
+# --- run.sh's tiny run of the pair: the results line, every flag combination of the twin (test_scripts.py's checks) ---
+
+PQN_TINY_RUN = PAIRS["pqn"].tiny  # test_speedup_table.py reads it here
 
 
-def test_signal_stops_the_run_with_a_checkpoint_and_it_resumes(tmp_path):
-    """SIGTERM to the twin ends the run after its iteration: checkpoint, a results line saying "interrupted", exit
-    143, no traceback; the run then resumes from the checkpoint to the end. Ctrl-C takes the same handler (run_utils)
-    and the same exit of the loop, in both scripts."""
-    check_signal_stops_the_run(TWIN, TINY_FLAGS, signal.SIGTERM, tmp_path)
+def test_plain_results_line_is_appended(tmp_path):
+    check_plain_results_line_is_appended(PAIRS["pqn"], tmp_path)
+
+
+def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
+    check_twin_runs_with_every_flag_combination(PAIRS["pqn"], tmp_path)

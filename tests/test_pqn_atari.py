@@ -9,55 +9,38 @@ minutes of a 2-core CPU, past the suite's budget. What is tested of it is the up
 toward its target.
 """
 
-import os
-import re
-import signal
-import subprocess
-import sys
-import time
-
 import envpool
 import numpy as np
 import pytest
 import torch
 from checks import (
     ATOL,
-    BF16_TWIN_ONLY_FIELDS,
     RTOL,
     SameUpdates,
     assert_changed,
     assert_leaves_close,
     assert_params_close_after_steps,
     check_a_second_build_computes_with_its_own_hyperparameters,
-    check_args_of_the_pair_match,
-    check_bad_input,
     check_bad_input_in_process,
     check_bf16_update_is_fp32_within_rounding,
-    check_checkpoints_load_across_the_pair,
-    check_every_flag_has_a_docstring_shown_by_help,
-    check_plain_results_line_is_appended,
     check_resume_continues_the_run,
-    check_twin_runs_with_cudagraphs_on_cuda,
-    check_twin_runs_with_every_flag_combination,
     detached,
     flat,
 )
 from helpers import (
     DEVICES,
-    REPO_ROOT,
     built,
     default_dtype,
+    episode_sums,
     expose,
-    load_checkpoint,
     load_script,
     one_torch_thread,
-    read_results,
+    recorded_runs,
+    recording_make,
     requires_cuda,
-    run_in_process,
-    run_sh_tiny_run,
-    script_path,
 )
 from tensordict import TensorDict
+from test_scripts import PAIRS, check_plain_results_line_is_appended, check_twin_runs_with_every_flag_combination
 
 PLAIN = "pqn_atari_envpool"
 TWIN = "pqn_atari_envpool_torchcompile"
@@ -378,20 +361,7 @@ def test_twin_built_again_computes_with_its_own_hyperparameters(inductor_fallbac
     check_a_second_build_computes_with_its_own_hyperparameters(TWIN, compiled_calls)
 
 
-# --- 4. Flags and bad input ---------------------------------------------------------------------------------------
-
-
-def test_args_of_the_pair_match_but_for_the_speed_flags():
-    # The flags every script has are checked in checks.py; here CleanRL's pqn_atari_envpool hyper-parameters.
-    expected = dict(env_id="Breakout-v5", total_timesteps=10_000_000, learning_rate=2.5e-4, num_envs=8, num_steps=128,
-                    anneal_lr=True, gamma=0.99, num_minibatches=4, update_epochs=4, max_grad_norm=10.0, start_e=1.0,
-                    end_e=0.01, exploration_fraction=0.10, q_lambda=0.65)  # fmt: skip
-    check_args_of_the_pair_match(PLAIN, TWIN, expected, twin_only=BF16_TWIN_ONLY_FIELDS)
-
-
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_every_flag_has_a_docstring_shown_by_help(name):
-    check_every_flag_has_a_docstring_shown_by_help(name)
+# --- 4. Bad input (flags, the results line, checkpoints across the pair, signals: test_scripts.py) ----------------
 
 
 BAD_INPUTS = {
@@ -410,8 +380,6 @@ BAD_INPUTS = {
     "exploration-fraction-0": (("--exploration-fraction", "0"), ("exploration-fraction", "(0, 1]")),
     "exploration-fraction-above-1": (("--exploration-fraction", "1.5"), ("exploration-fraction", "(0, 1]")),
     "epsilon-rises": (("--start-e", "0.1", "--end-e", "0.5"), ("end-e", "start-e")),
-    "seed-out-of-range": (("--seed", "-1"), ("seed",)),
-    "checkpoint-every-without-save": (("--checkpoint-every", "1000"), ("checkpoint-every", "save-model")),
 }
 
 
@@ -420,11 +388,6 @@ BAD_INPUTS = {
 def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path, capsys):
     flags, expected_words = BAD_INPUTS[case]
     check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys)
-
-
-def test_bad_input_from_the_command_line(tmp_path):
-    """One case as a user meets it, in a subprocess: one line, exit status 2, no traceback."""
-    check_bad_input(TWIN, *BAD_INPUTS["mujoco-env"], tmp_path)
 
 
 # --- 5. Runs: the game's real returns, reset steps, determinism, twin run = plain run ------------------------------
@@ -437,69 +400,11 @@ RUN = ("--env-id", "Asterix-v5", "--num-envs", "4", "--num-steps", "64", "--tota
 RUN_SEED = 2
 
 
-class RecordingEnvs:
-    """An envpool env that keeps a copy of what each step returned, and the epsilon the training loop acted with: the
-    loop runs at module level, so its variables are the globals of the frame that calls step (epsilon_key: the
-    twin's policy reads epsilon_tensor, the plain script's the float epsilon)."""
-
-    def __init__(self, envs, epsilon_key):
-        self._envs = envs
-        self.steps = []
-        self.epsilon_key = epsilon_key
-
-    def __getattr__(self, name):
-        return getattr(self._envs, name)
-
-    def step(self, action):
-        epsilon = sys._getframe(1).f_globals.get(self.epsilon_key)  # None outside the training loop
-        obs, reward, terminated, truncated, info = self._envs.step(action)
-        self.steps.append(dict(clipped_reward=reward.copy(), game_reward=info["reward"].copy(),
-                               life_lost=terminated.copy(), truncated=truncated.copy(),
-                               game_over=info["terminated"].astype(bool),
-                               epsilon=None if epsilon is None else float(epsilon)))  # fmt: skip
-        return obs, reward, terminated, truncated, info
-
-
-def recording_make(name, made, **make_kwargs):
-    """envpool.make, each env it makes wrapped in a RecordingEnvs and appended to `made`."""
-    real_make, epsilon_key = envpool.make, "epsilon_tensor" if name == TWIN else "epsilon"
-
-    def make(*args, **kwargs):
-        made.append(RecordingEnvs(real_make(*args, **kwargs, **make_kwargs), epsilon_key))
-        return made[-1]
-
-    return make
-
-
 @pytest.fixture(scope="module")
 def recorded_run():
-    """recorded_run(name, seed, flags=RUN, max_episode_steps=None): (the globals of a run, the envpool steps it made),
-    the envs made with envpool's own time limit unless max_episode_steps is given; each run is made once."""
-    cache = {}
-
-    def run(name, seed, flags=RUN, max_episode_steps=None):
-        key = name, seed, flags, max_episode_steps
-        if key not in cache:
-            made = []
-            limit = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
-            with pytest.MonkeyPatch.context() as patch, one_torch_thread():
-                patch.setattr(envpool, "make", recording_make(name, made, **limit))
-                run_globals = run_in_process(name, *flags, "--seed", seed)
-            cache[key] = run_globals, made[0].steps
-        return cache[key]
-
-    return run
-
-
-def episode_sums(steps, reward_key, end_keys):
-    """The sum of a reward over each episode, an episode ending where one of end_keys is true; in order of ending."""
-    totals, finished = np.zeros(len(steps[0][reward_key])), []
-    for step in steps:
-        totals += step[reward_key]
-        for env in np.flatnonzero(np.any([step[key] for key in end_keys], axis=0)):
-            finished.append(float(totals[env]))
-            totals[env] = 0.0
-    return finished
+    """recorded_run(name, seed, flags=RUN, max_episode_steps=None): (globals, envpool steps) of a run (helpers),
+    with the epsilon each step acted with (the twin's policy reads epsilon_tensor, the plain script's epsilon)."""
+    return recorded_runs(RUN, lambda name: "epsilon_tensor" if name == TWIN else "epsilon")
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -615,28 +520,7 @@ def test_twin_run_matches_plain_run(recorded_run):
     assert_changed(params(build(load_script(PLAIN), seed=RUN_SEED)), params(plain_globals["pqn"]), "plain parameters")
 
 
-# --- 6. --results-path, and every flag combination of the twin (CPU), --cudagraphs on CUDA ----------------------
-
-# run.sh's tiny budget (Breakout-v5, the default game): 8 iterations of 2 x 32 steps, more than measure_burnin (3):
-# sps is measured. A Breakout game ends within 160 steps per env under a near-random policy (seeds 1 and 2: their
-# first at step 124 of an env); a score is a whole number of at least 0 (a high bound: 10,000).
-TINY = run_sh_tiny_run(PLAIN, "Breakout-v5", (-1, 10_000), env=ONE_THREAD)
-
-
-def test_plain_results_line_is_appended(tmp_path):
-    check_plain_results_line_is_appended(PLAIN, "pqn_atari", tmp_path, tiny=TINY)
-
-
-def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
-    check_twin_runs_with_every_flag_combination(TWIN, "pqn_atari", tmp_path, tiny=TINY)
-
-
-@requires_cuda
-def test_twin_runs_with_cudagraphs_on_cuda(tmp_path):
-    check_twin_runs_with_cudagraphs_on_cuda(TWIN, "pqn_atari", tmp_path, tiny=TINY)
-
-
-# --- 7. Checkpoints: resume, the budget, evaluation across the pair, interruption ---------------------------------
+# --- 7. Checkpoints: resume, the budget, refused checkpoints -----------------------------------------------------
 #
 # Iterations of 2 envs x 16 steps and one minibatch update each: a checkpoint's step count is a multiple of 32.
 
@@ -652,7 +536,7 @@ def test_resume_continues_the_run_and_refuses_another_budget(name, tmp_path, sav
     the whole run here). The learning-rate anneal and the epsilon decay are computed from --total-timesteps: a resume
     with another budget is refused in one line."""
     made = []
-    monkeypatch.setattr(envpool, "make", recording_make(name, made))
+    monkeypatch.setattr(envpool, "make", recording_make(made, "epsilon_tensor" if name == TWIN else "epsilon"))
     flags = (*TINY_FLAGS, "--exploration-fraction", "1")
     resumed = check_resume_continues_the_run(name, flags, tmp_path, saved_checkpoints, steps=2 * BATCH_STEPS,
                                              same_as_shorter_run=False)  # fmt: skip
@@ -671,51 +555,14 @@ def test_resume_continues_the_run_and_refuses_another_budget(name, tmp_path, sav
     check_bad_input_in_process(name, flags, ["--total-timesteps 128", "epsilon decay"], tmp_path, capsys)
 
 
-def test_checkpoints_load_across_the_pair(tmp_path):
-    check_checkpoints_load_across_the_pair(PLAIN, TWIN, (*TINY_FLAGS, "--total-timesteps", 2 * BATCH_STEPS), tmp_path)
+# --- run.sh's tiny run of the pair: the results line, every flag combination of the twin (test_scripts.py's checks) ---
+
+TINY = PAIRS["pqn_atari"].tiny  # test_speedup_table.py reads it here
 
 
-def test_bad_checkpoints_are_refused(tmp_path, capsys):
-    flags = (*TINY_FLAGS, "--total-timesteps", BATCH_STEPS)
-    run_in_process(TWIN, *flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
-    torch.save(load_checkpoint(tmp_path / "agent.pt") | {"algo": "ppo_atari"}, tmp_path / "ppo.pt")
-    capsys.readouterr()
-    for case_flags, words in (
-        (("--resume", tmp_path / "ppo.pt"), ["not a PQN Atari checkpoint", "ppo-atari"]),
-        (("--resume", tmp_path / "agent.pt", "--q-lambda", "0.9"), ["--q-lambda", "hyper-parameters"]),
-        (("--resume", tmp_path / "agent.pt", "--env-id", "Pong-v5"), ["Breakout-v5", "Pong-v5"]),
-    ):
-        check_bad_input_in_process(PLAIN, (*flags, *case_flags), words, tmp_path, capsys)
+def test_plain_results_line_is_appended(tmp_path):
+    check_plain_results_line_is_appended(PAIRS["pqn_atari"], tmp_path)
 
 
-@pytest.mark.parametrize(("name", "signum"), [(PLAIN, signal.SIGINT), (TWIN, signal.SIGTERM)],
-                         ids=["plain-SIGINT", "twin-SIGTERM"])  # fmt: skip
-def test_signal_stops_the_run_with_a_checkpoint(name, signum, tmp_path):
-    """SIGINT or SIGTERM: the run stops at the end of an iteration, writes its checkpoint and a results line with
-    "interrupted": true, says so, exits 128 + the signal, no traceback. (checks.py's check_signal_stops_the_run then
-    resumes with a longer budget, which this pair refuses; resuming is tested above.)"""
-    model, results, stderr_path = tmp_path / "agent.pt", tmp_path / "results.jsonl", tmp_path / "stderr.txt"
-    total = 10**6
-    command = [sys.executable, str(script_path(name)), *TINY_FLAGS, "--total-timesteps", str(total), "--save-model",
-               "--model-path", str(model), "--results-path", str(results)]  # fmt: skip
-    with open(stderr_path, "w") as stderr:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **ONE_THREAD},
-                                   stdout=subprocess.PIPE, stderr=stderr, text=True)  # fmt: skip
-        try:
-            deadline = time.monotonic() + 600
-            while not re.search(r"\b[1-9]\d*/\d+\b", stderr_path.read_text()):  # the bar shows steps done
-                assert process.poll() is None and time.monotonic() < deadline, stderr_path.read_text()
-                time.sleep(0.5)
-            process.send_signal(signum)
-            stdout, _ = process.communicate(timeout=300)
-        finally:
-            process.kill()
-    error_output = stderr_path.read_text()
-    assert process.returncode == 128 + signum, (process.returncode, stdout, error_output[-2000:])
-    assert "Traceback" not in error_output + stdout, error_output[-2000:]
-    assert f"interrupted by {signal.Signals(signum).name}" in stdout.strip().splitlines()[-1], stdout
-    (result,) = read_results(results)
-    assert (result["interrupted"], result["cut"], result["model_path"]) == (True, "training", str(model)), result
-    assert 0 < result["steps_done"] < total and result["steps_done"] % BATCH_STEPS == 0, result
-    checkpoint = load_checkpoint(model)
-    assert (checkpoint["global_step"], checkpoint["total_timesteps"]) == (result["steps_done"], total)
+def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
+    check_twin_runs_with_every_flag_combination(PAIRS["pqn_atari"], tmp_path)

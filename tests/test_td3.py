@@ -9,16 +9,13 @@ import pytest
 import torch
 from checks import (
     ATOL,
-    BF16_TWIN_ONLY_FIELDS,
     RTOL,
     SameUpdates,
     assert_changed,
     assert_leaves_close,
     check_a_second_build_computes_with_its_own_hyperparameters,
-    check_args_of_the_pair_match,
     check_bf16_layers_of_sac_td3_networks,
     check_bf16_td_errors_near_fp32_at_large_q_values,
-    check_every_flag_has_a_docstring_shown_by_help,
     check_learns_pendulum,
     check_off_policy_bf16_update_is_fp32_within_rounding,
     leaves,
@@ -338,32 +335,5 @@ def test_twin_built_again_computes_with_its_own_hyperparameters(inductor_fallbac
     check_a_second_build_computes_with_its_own_hyperparameters(TWIN, compiled_calls)
 
 
-# --- 4. Flags ---------------------------------------------------------------------------------------------------
-
-
-def test_args_of_the_pair_match_but_for_compile_cudagraphs_and_bf16():
-    # The flags every script has are checked in checks.py; here TD3's own, with CleanRL's defaults.
-    expected = {
-        "wandb_project_name": "leanrl",
-        "env_id": "HalfCheetah-v5",
-        "total_timesteps": 1_000_000,
-        "learning_rate": 3e-4,
-        "buffer_size": 1_000_000,
-        "gamma": 0.99,
-        "tau": 0.005,
-        "batch_size": 256,
-        "policy_noise": 0.2,
-        "exploration_noise": 0.1,
-        "learning_starts": 25_000,
-        "policy_frequency": 2,
-        "noise_clip": 0.5,
-    }
-    check_args_of_the_pair_match(PLAIN, TWIN, expected, twin_only=BF16_TWIN_ONLY_FIELDS)
-
-
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_every_flag_has_a_docstring_shown_by_help(name):
-    check_every_flag_has_a_docstring_shown_by_help(name)
-
-
-# Bad input, determinism, the results line, flag combinations, checkpoints, video and signals: test_sac_td3_runs.py.
+# Flags, --help, bad input, determinism, the results line, flag combinations, checkpoints, video and signals:
+# test_scripts.py (resuming with several envs: test_num_envs.py).
