@@ -42,7 +42,13 @@ from pathlib import Path
 
 import matplotlib
 import numpy as np
-from common import FAST_BF16, describe_machine, machine_text  # benchmarks/ is on the path when this file runs
+from common import (
+    FAST_BF16,
+    Parser,
+    describe_machine,
+    fail,
+    machine_text,
+)  # benchmarks/ is on the path when this file runs
 
 matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
@@ -121,20 +127,9 @@ def references(algo, env_id):
 # --- Small helpers ------------------------------------------------------------------------------------------------
 
 
-def fail(message, status=2):
-    """One line on stderr and an exit status: 2 for a user's mistake, 1 for a run that went wrong, 128 + a signal."""
-    print(f"learning_curves.py: error: {message}", file=sys.stderr)
-    sys.exit(status)
-
-
 def say(message):
     """Progress and notes, on stdout (stderr is for errors); flushed, as the runs write to the same terminal."""
     print(f"learning_curves.py: {message}", flush=True)
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):
-        fail(message)  # one line, not argparse's usage and message
 
 
 def script_file(name):
