@@ -137,7 +137,7 @@ class Run:
         # before this sitting (an episode record's clock counts every sitting, not the time between them).
         self.saved = (args.resume, self.checkpoint["global_step"]) if self.checkpoint else (None, None)
         self.seconds_before = self.checkpoint.get("run_seconds", 0.0) if self.checkpoint else 0.0
-        self.failed_writes = []  # (what, path, reason) of each output that could not be written
+        self.failed_writes = []  # (what, "cannot write the <what> <path>: <reason>") of each output that failed
         self.episodes_file = self.open_episode_record() if args.episodes_path and self.rank == 0 else None
         wandb = importlib.import_module("wandb") if args.track and self.rank == 0 else None
         if wandb:
@@ -348,10 +348,12 @@ class Run:
             return False
 
     def write_failed(self, what, path, error):
-        self.failed_writes.append((what, path, error.strerror or str(error).splitlines()[0]))
+        self.failed_writes.append(
+            (what, f"cannot write the {what} {path}: {error.strerror or str(error).splitlines()[0]}")
+        )
 
     def failed(self, what):
-        return any(failed == what for failed, _, _ in self.failed_writes)
+        return any(failed == what for failed, _ in self.failed_writes)
 
     def finish(self, global_step, save_checkpoint, make_policy):
         """The end of a run: with --save-model, save_checkpoint() (unless this step's is written, or a checkpoint
@@ -385,11 +387,11 @@ class Run:
             self.wandb.log({"charts/sps": self.sps, "charts/eval_return": eval_return}, step=global_step)
             self.wandb.finish()
         print(self.summary(global_step, cut, results))
-        for what, path, reason in self.failed_writes:
-            saved_path, saved_step = self.saved
-            intact = f"the checkpoint of step {saved_step}, {saved_path}" if saved_path else "no checkpoint"
-            print(f"{self.script}: error: cannot write the {what} {path}: {reason}; the run stopped at step "
-                  f"{global_step}; intact: {intact}", file=sys.stderr)  # fmt: skip
+        saved_path, saved_step = self.saved
+        intact = f"the checkpoint of step {saved_step}, {saved_path}" if saved_path else "no checkpoint"
+        for _, message in self.failed_writes:
+            print(f"{self.script}: error: {message}; the run stopped at step {global_step}; intact: {intact}",
+                  file=sys.stderr)  # fmt: skip
         self.exit(cut)
 
     def evaluates(self):
@@ -412,7 +414,6 @@ class Run:
     def results(self, global_step, end, cut, eval_return):
         """The results line: what ran where, how fast, how it ended, and what it returns."""
         args = self.args
-        failed = [f"cannot write the {what} {path}: {reason}" for what, path, reason in self.failed_writes]
         return {
             "script": self.script,
             "algo": self.algo + ("_distributed" if self.distributed else ""),
@@ -429,9 +430,9 @@ class Run:
             "wall_seconds": end - self.start,
             "final_return": float(np.mean(self.recent_returns)) if self.recent_returns else None,
             "steps_done": global_step,
-            "interrupted": cut is not None or bool(failed),
+            "interrupted": cut is not None or bool(self.failed_writes),
             "cut": cut,
-            "failed_write": failed[0] if failed else None,
+            "failed_write": self.failed_writes[0][1] if self.failed_writes else None,
             "eval_return": eval_return,
             "model_path": self.model_path if args.save_model else None,
             **({"world_size": self.world_size} if self.distributed else {}),
