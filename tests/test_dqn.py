@@ -31,7 +31,6 @@ from helpers import (
     run_in_process_until,
 )
 from tensordict import TensorDict
-from test_scripts import PAIRS, check_plain_results_line_is_appended, check_twin_runs_with_every_flag_combination
 
 PLAIN = "dqn"
 TWIN = "dqn_torchcompile"
@@ -407,13 +406,3 @@ def test_resume_continues_the_run(name, tmp_path, saved_checkpoints):
 
 
 # --- run.sh's tiny run of the pair: the results line, every flag combination of the twin (test_scripts.py's checks) ---
-
-DQN_TINY_RUN = PAIRS["dqn"].tiny  # test_speedup_table.py reads it here
-
-
-def test_plain_results_line_is_appended(tmp_path):
-    check_plain_results_line_is_appended(PAIRS["dqn"], tmp_path)
-
-
-def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
-    check_twin_runs_with_every_flag_combination(PAIRS["dqn"], tmp_path)

@@ -42,7 +42,6 @@ from helpers import (
     run_in_process,
 )
 from tensordict import TensorDict
-from test_scripts import PAIRS, check_plain_results_line_is_appended, check_twin_runs_with_every_flag_combination
 
 PLAIN = "ppo_atari_envpool"
 TWIN = "ppo_atari_envpool_torchcompile"
@@ -674,13 +673,3 @@ def test_atari_frames_reach_the_device_unchanged(name, device):
 
 
 # --- run.sh's tiny run of the pair: the results line, every flag combination of the twin (test_scripts.py's checks) ---
-
-TINY = PAIRS["ppo_atari"].tiny  # test_speedup_table.py reads it here
-
-
-def test_plain_results_line_is_appended(tmp_path):
-    check_plain_results_line_is_appended(PAIRS["ppo_atari"], tmp_path)
-
-
-def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
-    check_twin_runs_with_every_flag_combination(PAIRS["ppo_atari"], tmp_path)

@@ -51,7 +51,6 @@ from helpers import (
     script_path,
 )
 from test_ppo_atari import NUM_ACTIONS, build, call_update, ppo_compiled_calls, random_minibatch
-from test_scripts import PAIRS, check_plain_results_line_is_appended, check_twin_runs_with_every_flag_combination
 
 PLAIN = "ppo_atari_envpool_distributed"
 TWIN = "ppo_atari_envpool_distributed_torchcompile"
@@ -405,13 +404,3 @@ def test_a_lost_rank_ends_the_others_with_one_line(tmp_path):
 
 
 # --- run.sh's tiny run of the pair: the results line, every flag combination of the twin (test_scripts.py's checks) ---
-
-TINY = PAIRS["ppo_atari_distributed"].tiny  # test_speedup_table.py reads it here
-
-
-def test_plain_results_line_is_appended(tmp_path):
-    check_plain_results_line_is_appended(PAIRS["ppo_atari_distributed"], tmp_path)
-
-
-def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
-    check_twin_runs_with_every_flag_combination(PAIRS["ppo_atari_distributed"], tmp_path)

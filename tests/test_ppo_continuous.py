@@ -36,7 +36,6 @@ from helpers import (
     run_in_process_until,
 )
 from tensordict import TensorDict
-from test_scripts import PAIRS, check_plain_results_line_is_appended, check_twin_runs_with_every_flag_combination
 
 PLAIN = "ppo_continuous_action"
 TWIN = "ppo_continuous_action_torchcompile"
@@ -558,13 +557,3 @@ def test_twin_envs_normalise_as_the_plain_scripts():
 
 
 # --- run.sh's tiny run of the pair: the results line, every flag combination of the twin (test_scripts.py's checks) ---
-
-TINY = PAIRS["ppo_continuous"].tiny  # test_speedup_table.py reads it here
-
-
-def test_plain_results_line_is_appended(tmp_path):
-    check_plain_results_line_is_appended(PAIRS["ppo_continuous"], tmp_path)
-
-
-def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
-    check_twin_runs_with_every_flag_combination(PAIRS["ppo_continuous"], tmp_path)

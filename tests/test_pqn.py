@@ -33,7 +33,6 @@ from helpers import (
     run_in_process_until,
 )
 from tensordict import TensorDict
-from test_scripts import PAIRS, check_plain_results_line_is_appended, check_twin_runs_with_every_flag_combination
 
 PLAIN = "pqn"
 TWIN = "pqn_torchcompile"
@@ -448,13 +447,3 @@ def test_resume_with_another_budget_is_refused(anneal, tmp_path, capsys):
 
 
 # --- run.sh's tiny run of the pair: the results line, every flag combination of the twin (test_scripts.py's checks) ---
-
-PQN_TINY_RUN = PAIRS["pqn"].tiny  # test_speedup_table.py reads it here
-
-
-def test_plain_results_line_is_appended(tmp_path):
-    check_plain_results_line_is_appended(PAIRS["pqn"], tmp_path)
-
-
-def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
-    check_twin_runs_with_every_flag_combination(PAIRS["pqn"], tmp_path)

@@ -40,7 +40,6 @@ from helpers import (
     requires_cuda,
 )
 from tensordict import TensorDict
-from test_scripts import PAIRS, check_plain_results_line_is_appended, check_twin_runs_with_every_flag_combination
 
 PLAIN = "pqn_atari_envpool"
 TWIN = "pqn_atari_envpool_torchcompile"
@@ -556,13 +555,3 @@ def test_resume_continues_the_run_and_refuses_another_budget(name, tmp_path, sav
 
 
 # --- run.sh's tiny run of the pair: the results line, every flag combination of the twin (test_scripts.py's checks) ---
-
-TINY = PAIRS["pqn_atari"].tiny  # test_speedup_table.py reads it here
-
-
-def test_plain_results_line_is_appended(tmp_path):
-    check_plain_results_line_is_appended(PAIRS["pqn_atari"], tmp_path)
-
-
-def test_twin_runs_with_every_flag_combination_and_appends_results(tmp_path):
-    check_twin_runs_with_every_flag_combination(PAIRS["pqn_atari"], tmp_path)

@@ -327,13 +327,15 @@ def tiny_runs(pair, name, combinations, tmp_path, seeds=(1,), cuda=False):
     return read_results(results)
 
 
-def check_plain_results_line_is_appended(pair, tmp_path):
-    """Two runs of the plain script append two results lines, in order, and print a summary line. Each pair's own file
-    runs this and the next check (test_speedup_table.py finds them there)."""
+@pytest.mark.parametrize("pair", PAIRS.values(), ids=str)
+def test_plain_results_line_is_appended(pair, tmp_path):
+    """Two runs of the plain script on run.sh's tiny budget append two results lines, in order, and print a summary
+    line: with the next test, every line of run.sh --tiny runs here."""
     assert [line["seed"] for line in tiny_runs(pair, pair.plain, [()], tmp_path, seeds=(1, 2))] == [1, 2]
 
 
-def check_twin_runs_with_every_flag_combination(pair, tmp_path):
+@pytest.mark.parametrize("pair", PAIRS.values(), ids=str)
+def test_twin_runs_with_every_flag_combination_and_appends_results(pair, tmp_path):
     """On the CPU, the twin runs with no flag, --compile, --cudagraphs and both; cudagraphs fall back with one line,
     and the run is the one without them, return for return (same seed)."""
     combinations = [(), ("--compile",), ("--cudagraphs",), ("--compile", "--cudagraphs")]

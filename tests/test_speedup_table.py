@@ -3,7 +3,6 @@ options, its report of failed runs and its --bf16 runs (on fake scripts), every 
 own tests, and a --tiny run of two real pairs (the CI mode of the README's table).
 """
 
-import importlib
 import json
 import os
 import re
@@ -278,35 +277,16 @@ def test_run_sh_reports_failed_runs_runs_bf16_where_fast_and_makes_the_table(fak
     assert completed.returncode == 2 and "already holds a results.jsonl" in completed.stderr, describe(completed)
 
 
-# Where each pair's tests of the results line (the plain script, two seeds) and of the twin's flag combinations (the
-# twin with no flag, --compile, --cudagraphs and both) are, and the TinyRun they run. Those checks assert that their
-# TinyRun is run.sh's tiny budget of the pair (checks.check_tiny_run_is_run_sh): every line of run.sh --tiny is run,
-# in the plain script and in each CPU variant of the twin, by its pair's tests.
-TINY_RUN_TESTS = {  # pair: (test module, its TinyRun)
-    "dqn": ("test_dqn", "DQN_TINY_RUN"),
-    "ppo_atari_envpool": ("test_ppo_atari", "TINY"),
-    "ppo_atari_envpool_distributed": ("test_ppo_atari_distributed", "TINY"),
-    "ppo_continuous_action": ("test_ppo_continuous", "TINY"),
-    "pqn": ("test_pqn", "PQN_TINY_RUN"),
-    "pqn_atari_envpool": ("test_pqn_atari", "TINY"),
-    "sac_continuous_action": ("test_sac_td3_runs", "TINY_RUN"),
-    "td3_continuous_action": ("test_sac_td3_runs", "TINY_RUN"),
-}
-
-
 def test_every_pair_has_a_tiny_budget_that_its_tests_run():
-    """run.sh has a tiny budget for every pair, and the pair's results-line and flag-combination tests run on it: so
-    the tiny run below, end to end, can take two pairs and still stand for every pair's line of run.sh --tiny."""
+    """run.sh has a tiny budget for every pair, and test_scripts.py runs each pair on it (its tiny runs assert that
+    their flags are run.sh's): the tiny run below, end to end, takes two pairs and stands for all of run.sh --tiny."""
+    from test_scripts import PAIRS
+
     pairs = [twin.name.removesuffix("_torchcompile.py") for twin in SCRIPTS_DIR.glob("*_torchcompile.py")]
     pairs = sorted(pair for pair in pairs if (SCRIPTS_DIR / f"{pair}.py").is_file())  # as run.sh finds them
-    assert sorted(TINY_RUN_TESTS) == pairs, "a pair whose tests of run.sh's tiny budget are not listed here"
-    for pair, (module_name, attribute) in TINY_RUN_TESTS.items():
-        flags = run_sh_budget("tiny", pair)
-        assert "--total-timesteps" in flags, (pair, flags)
-        module = importlib.import_module(module_name)
-        assert getattr(module, attribute).flags == flags, f"{module_name}.{attribute} is not run.sh's tiny {pair}"
-        for test in ("plain_results_line_is_appended", "twin_runs_with_every_flag_combination_and_appends_results"):
-            assert callable(getattr(module, f"test_{test}", None)), f"{module_name} has no test_{test}"
+    assert sorted(pair.plain for pair in PAIRS.values()) == pairs, "a pair that test_scripts.py does not run"
+    for pair in PAIRS.values():
+        assert "--total-timesteps" in pair.tiny.flags and pair.tiny.flags == run_sh_budget("tiny", pair.plain), pair
 
 
 def test_tiny_run_end_to_end(tmp_path):
