@@ -11,6 +11,7 @@ import run_utils
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import twin_utils
 import tyro
 from tensordict import TensorDict
 from tensordict.nn import CudaGraphModule
@@ -213,9 +214,9 @@ def build_dqn(obs_dim, n_actions, args, device):
     # update looks td_loss_backward up when called, so it uses the compiled one.
     if args.compile:
         # Process-wide (docs/running.md): backward() traced into the compiled graphs; tensordict's lock warning off.
-        run_utils.set_compile_settings()
+        twin_utils.set_compile_settings()
         # Guards on values, not on the code's structure (fewer checks a call); a copy per call: compile pops it.
-        value_guards = {"guard_filter_fn": run_utils.value_guards}
+        value_guards = {"guard_filter_fn": twin_utils.value_guards}
         # On CPU the graph is called from generated C++ instead of Python (cpp_wrapper). There the training loop acts
         # with the eager greedy_actions: one observation through three small layers is faster than a compiled call.
         on_cpu = device.type == "cpu"
@@ -233,13 +234,13 @@ def build_dqn(obs_dim, n_actions, args, device):
         return {
             "qnet": qnet.state_dict(),
             "target_qnet": target_qnet_params.clone().flatten_keys(".").to_dict(),
-            "optimizer": run_utils.optimizer_state(optimizer, fused=None, capturable=False),
+            "optimizer": twin_utils.optimizer_state(optimizer, fused=None, capturable=False),
         }
 
     def load_state_dict(state):
         qnet.load_state_dict(state["qnet"])
         target_qnet_params.update_(TensorDict(state["target_qnet"]).unflatten_keys("."))
-        run_utils.load_optimizer_state(optimizer, state["optimizer"], fused=True, capturable=args.cudagraphs)
+        twin_utils.load_optimizer_state(optimizer, state["optimizer"], fused=True, capturable=args.cudagraphs)
 
     return SimpleNamespace(
         update=update,

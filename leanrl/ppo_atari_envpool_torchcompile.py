@@ -10,6 +10,7 @@ import run_utils
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import twin_utils
 import tyro
 from envpool.registration import registry
 from tensordict import TensorDict, from_module
@@ -163,15 +164,15 @@ class Agent(nn.Module):
 
     # Under --bf16 the heads stay fp32 (fp32_layer): logits and values set the PPO ratio and the losses.
     def get_value(self, x):
-        return run_utils.fp32_layer(self.critic, self.network(x / 255.0))
+        return twin_utils.fp32_layer(self.critic, self.network(x / 255.0))
 
     def get_action_and_value(self, x, action=None):
         hidden = self.network(x / 255.0)
-        logits = run_utils.fp32_layer(self.actor, hidden)
+        logits = twin_utils.fp32_layer(self.actor, hidden)
         probs = Categorical(logits=logits, validate_args=False)
         if action is None:
             action = probs.sample()
-        return action, probs.log_prob(action), probs.entropy(), run_utils.fp32_layer(self.critic, hidden)
+        return action, probs.log_prob(action), probs.entropy(), twin_utils.fp32_layer(self.critic, hidden)
 
 
 def compute_advantages(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
@@ -286,7 +287,7 @@ def build_ppo(num_actions, args, device):
             return acting_agent.get_value(obs).flatten()
 
     # The learning rate lives in the tensor the compiled and captured steps read; checkpoints hold the plain float.
-    learning_rate = run_utils.TensorLearningRate(optimizer, args.learning_rate)
+    learning_rate = twin_utils.TensorLearningRate(optimizer, args.learning_rate)
     set_learning_rate = learning_rate.set
 
     # Checkpoints hold the plain script's optimizer: lr a Python float, and the plain Adam's settings (fused and
@@ -306,7 +307,7 @@ def build_ppo(num_actions, args, device):
     # update looks loss_backward up when called, so it uses the compiled one.
     if args.compile:
         # Process-wide (docs/running.md): backward() traced into the compiled graphs; tensordict's lock warning off.
-        run_utils.set_compile_settings()
+        twin_utils.set_compile_settings()
         # Compiled: fused kernels instead of one Python dispatch per op.
         loss_backward = torch.compile(loss_backward)
         policy = torch.compile(policy)

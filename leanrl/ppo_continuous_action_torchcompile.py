@@ -10,6 +10,7 @@ import run_utils
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import twin_utils
 import tyro
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
@@ -281,9 +282,9 @@ def build_ppo(obs_dim, action_dim, args, device):
     # update looks loss_backward up when called, so it uses the compiled one.
     if args.compile:
         # Process-wide (docs/running.md): backward() traced into the compiled graphs; tensordict's lock warning off.
-        run_utils.set_compile_settings()
+        twin_utils.set_compile_settings()
         # Guards on values, not on the code's structure (fewer checks a call); a copy per call: compile pops it.
-        value_guards = {"guard_filter_fn": run_utils.value_guards}
+        value_guards = {"guard_filter_fn": twin_utils.value_guards}
         # Compiled: fused kernels instead of one Python dispatch per op; on CPU called from generated C++ (cpp_wrapper).
         on_cpu = device.type == "cpu"
         loss_backward = torch.compile(loss_backward, options={**value_guards, "cpp_wrapper": on_cpu})
@@ -297,7 +298,7 @@ def build_ppo(obs_dim, action_dim, args, device):
         gae = CudaGraphModule(gae, warmup=5)
 
     # The learning rate lives in the tensor the compiled and captured steps read; checkpoints hold the plain float.
-    learning_rate = run_utils.TensorLearningRate(optimizer, args.learning_rate)
+    learning_rate = twin_utils.TensorLearningRate(optimizer, args.learning_rate)
     set_learning_rate = learning_rate.set
 
     def state_dict():

@@ -14,6 +14,7 @@ import run_utils
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import twin_utils
 import tyro
 from envpool.registration import registry
 from tensordict import TensorDict, from_module
@@ -201,7 +202,7 @@ class QNetwork(nn.Module):
         x = x / 255.0
         for layer in body:
             x = layer(x)
-        return run_utils.fp32_layer(head, x)
+        return twin_utils.fp32_layer(head, x)
 
 
 def epsilon_greedy(q_values, epsilon):
@@ -292,7 +293,7 @@ def build_pqn(num_actions, args, device):
             return acting_qnet(obs).max(1).values
 
     # The learning rate lives in the tensor the compiled and captured steps read; checkpoints hold the plain float.
-    learning_rate = run_utils.TensorLearningRate(optimizer, args.learning_rate)
+    learning_rate = twin_utils.TensorLearningRate(optimizer, args.learning_rate)
     set_learning_rate = learning_rate.set
 
     # Checkpoints hold the plain script's optimizer: lr a Python float, and the plain RAdam's settings (foreach and
@@ -316,7 +317,7 @@ def build_pqn(num_actions, args, device):
         q_lambda_returns = torch.compile(q_lambda_returns)
         if device.type != "cpu":
             # Process-wide (docs/running.md): backward() traced into the compiled graphs; tensordict's lock warning off.
-            run_utils.set_compile_settings()
+            twin_utils.set_compile_settings()
             loss_backward = torch.compile(loss_backward)
             policy = torch.compile(policy)
             value = torch.compile(value)

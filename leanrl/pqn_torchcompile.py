@@ -10,6 +10,7 @@ import run_utils
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import twin_utils
 import tyro
 from tensordict import TensorDict, from_module
 from tensordict.nn import CudaGraphModule
@@ -207,7 +208,7 @@ def build_pqn(obs_dim, n_actions, args, device):
     # update looks loss_backward and clip_and_step up when called, so it uses the compiled ones.
     if args.compile:
         # Process-wide (docs/running.md): backward() traced into the compiled graphs; tensordict's lock warning off.
-        run_utils.set_compile_settings()
+        twin_utils.set_compile_settings()
         # Compiled: fused kernels instead of one Python dispatch per op.
         loss_backward = torch.compile(loss_backward)
         clip_and_step = torch.compile(clip_and_step)
@@ -223,7 +224,7 @@ def build_pqn(obs_dim, n_actions, args, device):
         returns = CudaGraphModule(returns, warmup=5)
 
     # The learning rate lives in the tensor the compiled and captured steps read; checkpoints hold the plain float.
-    learning_rate = run_utils.TensorLearningRate(optimizer, args.learning_rate)
+    learning_rate = twin_utils.TensorLearningRate(optimizer, args.learning_rate)
     set_learning_rate = learning_rate.set
 
     # Checkpoints hold the plain script's layout: its state_dicts, and the plain optimizer's settings, not the twin's.

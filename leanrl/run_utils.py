@@ -1,6 +1,6 @@
 # What every leanrl script does the same way, whatever its algorithm; the algorithms are in the scripts. Sections: the
 # flags; a run (Run: checks, device, checkpoints, signals, progress, the end); outputs and their failed writes; random
-# generators; evaluation; devices; what the twins add (optimizer states in the plain layout, compile settings).
+# generators; evaluation; devices. What the twins add is in twin_utils.py.
 import atexit
 import contextlib
 import importlib.util
@@ -10,7 +10,6 @@ import random
 import signal
 import sys
 import time
-import warnings
 from collections import deque
 from dataclasses import dataclass, fields
 
@@ -101,8 +100,7 @@ class Run:
     """A training run's mechanics around a script's loop. Made before the first step, it checks the flags and outputs,
     loads the checkpoint to resume (run.checkpoint, else None), picks run.device, seeds, and turns Ctrl-C and SIGTERM
     into run.stop_signals. The loop calls clock(), episode(), log() and checkpoint_due(), ends after the step where
-    run.stopping (a signal, or an output that could not be written), then calls finish(). schedule: what the script
-    computes from --total-timesteps ("the learning-rate anneal"), if anything."""
+    run.stopping, then calls finish(). schedule: what the script computes from --total-timesteps, if anything."""
 
     def __init__(self, args, *, script, algo, name, total_steps, make_eval_env, unit="episodes", schedule=None,
                  ended_early="within measure_burnin iterations", distributed=False):  # fmt: skip
@@ -127,22 +125,20 @@ class Run:
             for what, path in outputs.items():
                 if path:
                     check_writable(path, what)
-        random.seed(args.seed + self.rank)  # each rank of a distributed run draws its own actions and minibatches
-        np.random.seed(args.seed + self.rank)
-        torch.manual_seed(args.seed + self.rank)
+        for seed in (random.seed, np.random.seed, torch.manual_seed):  # each rank draws its own actions and batches
+            seed(args.seed + self.rank)
         torch.backends.cudnn.deterministic = args.torch_deterministic
         self.episode_returns = []
         self.recent_returns = deque(self.checkpoint["recent_returns"] if self.checkpoint else [], maxlen=20)
-        # The checkpoint on disk and its step (a resumed run's, until this run writes its own); the run's seconds
-        # before this sitting (an episode record's clock counts every sitting, not the time between them).
+        # The checkpoint on disk and its step; the seconds of a resumed run's earlier sittings (the record's clock).
         self.saved = (args.resume, self.checkpoint["global_step"]) if self.checkpoint else (None, None)
         self.seconds_before = self.checkpoint.get("run_seconds", 0.0) if self.checkpoint else 0.0
         self.failed_writes = []  # (what, "cannot write the <what> <path>: <reason>") of each output that failed
         self.episodes_file = self.open_episode_record() if args.episodes_path and self.rank == 0 else None
-        wandb = importlib.import_module("wandb") if args.track and self.rank == 0 else None
-        if wandb:
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args), name=args.exp_name)
-        self.wandb = wandb
+        self.wandb = importlib.import_module("wandb") if args.track and self.rank == 0 else None
+        if self.wandb:
+            self.wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
+                            name=args.exp_name)  # fmt: skip
         self.stop_signals = []  # the signals received, which end the loop
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.on_signal)
@@ -150,7 +146,7 @@ class Run:
         self.train_start = self.measure_start = self.measure_start_step = self.sps = self.compile_seconds = None
 
     def check_flags(self):
-        """What the shared flags' domains do not say; what --capture-video needs, before training rather than after."""
+        """What the domains do not say; what --capture-video needs, checked before training rather than after."""
         args = self.args
         if (args.checkpoint_every or args.capture_video) and not args.save_model:
             exit_with_error("--checkpoint-every and --capture-video need --save-model")
@@ -177,7 +173,8 @@ class Run:
             exit_with_error(f"{args.env_id} renders no image, so there is nothing to record")
 
     def pick_device(self, local_world_size):
-        """CUDA when there is one and --cuda, else the CPU; --cudagraphs without CUDA: one line, and they are off."""
+        """CUDA when there is one and --cuda, else the CPU; a twin's --cudagraphs or --bf16 that the device cannot
+        use: one line, and it is off."""
         use_cuda = torch.cuda.is_available() and self.args.cuda
         if self.distributed and use_cuda and local_world_size > torch.cuda.device_count():  # NCCL: one rank per GPU
             exit_with_error(f"this machine has {torch.cuda.device_count()} GPU(s), too few for {local_world_size} "
@@ -187,10 +184,10 @@ class Run:
         device = torch.device(cuda if use_cuda else "cpu")
         if use_cuda and self.distributed:
             torch.cuda.set_device(device)
-        if getattr(self.args, "cudagraphs", False) and not use_cuda:  # the twins' flag
+        if getattr(self.args, "cudagraphs", False) and not use_cuda:
             print(f"{self.script}: --cudagraphs needs a CUDA device; cudagraphs are off for this run", file=sys.stderr)
             self.args.cudagraphs = False
-        if getattr(self.args, "bf16", False) and not fast_bf16(device):  # the twins' flag
+        if getattr(self.args, "bf16", False) and not fast_bf16(device):
             print(f"{self.script}: --bf16 needs a device that computes bf16 faster than fp32 (a CUDA GPU of compute "
                   f"capability 8+, a CPU with AMX, an AMD CPU with AVX512-BF16), which {device} is not; bf16 is off "
                   "for this run", file=sys.stderr)  # fmt: skip
@@ -230,8 +227,8 @@ class Run:
         return checkpoint
 
     def open_episode_record(self):
-        """The --episodes-path file, open to append: a resumed run's keeps the episodes up to its checkpoint's step
-        (a run killed after its checkpoint plays the steps after it again), a new run's starts empty."""
+        """The --episodes-path file, open to append; a resumed run's keeps the episodes up to its checkpoint's step (a
+        run killed after its checkpoint plays the steps after it again)."""
         path, kept = self.args.episodes_path, []
         if self.checkpoint and os.path.exists(path):
             with open(path) as file:
@@ -243,10 +240,10 @@ class Run:
             write_atomically(path, "".join(kept).encode())
             return open(path, "a")
         except OSError as error:
-            exit_with_error(f"cannot write the episode record {path}: {error.strerror or error}")
+            exit_with_error(failed_write_message("episode record", path, error))
 
     def on_signal(self, signum, frame):
-        """Ctrl-C or SIGTERM: the run ends after this step. A second signal is the user's "now": the default handlers,
+        """Ctrl-C or SIGTERM: the run ends after this step. A second one is the user's "now": the default handlers,
         which kill; but under torchrun, which passes a signal on to workers that may have had it already."""
         self.stop_signals.append(signum)
         for stop in (signal.SIGINT, signal.SIGTERM) if "RANK" not in os.environ else ():
@@ -258,8 +255,7 @@ class Run:
         return bool(self.stop_signals or self.failed_writes)
 
     def seconds(self):
-        """The run's wall-clock seconds: this sitting's and the earlier sittings' of a resumed run."""
-        return self.seconds_before + time.perf_counter() - self.start
+        return self.seconds_before + time.perf_counter() - self.start  # every sitting of a resumed run
 
     def clock(self, iteration, *, train_from, measure_from, global_step):
         """Atop every iteration, global_step steps done: moves the bar, starts the warm-up (compile) clock at train_from
@@ -272,8 +268,7 @@ class Run:
             self.compile_seconds = self.measure_start - self.train_start
 
     def move_bar(self, global_step):
-        """The progress bar to global_step; the first call makes it, starting there (where a resumed run starts)."""
-        if self.pbar is None:
+        if self.pbar is None:  # from where a resumed run starts
             self.pbar = tqdm.tqdm(total=self.total_steps, desc=self.script, mininterval=1.0, initial=global_step,
                                   disable=self.rank != 0)  # fmt: skip
             atexit.register(self.pbar.close)  # before teardown, where tqdm's __del__ fails (after an uncaught error)
@@ -287,8 +282,8 @@ class Run:
             line = json.dumps([int(step), float(episode_return), round(self.seconds(), 3)]) + "\n"
             self.write("episode record", self.args.episodes_path, self.episodes_file.write, line)
         if self.wandb:
-            self.wandb.log({"charts/episodic_return": episode_return, **{f"charts/{k}": v for k, v in charts.items()}},
-                           step=step)  # fmt: skip
+            charts = {f"charts/{name}": value for name, value in charts.items()}
+            self.wandb.log({"charts/episodic_return": episode_return, **charts}, step=step)
 
     def log(self, global_step, losses, charts=None):
         """The losses (a non-finite one stops the run), sps and recent return beside the bar, and wandb."""
@@ -319,8 +314,8 @@ class Run:
 
     def save_checkpoint(self, **agent):
         """The script's agent entries with the run's identity, recent returns, seconds and RNG state (an agent entry
-        overrides one of the run's), written to a temporary file and renamed: a crash mid-write leaves the last good
-        one. The episode record is flushed first, so that it holds every episode the checkpoint counted."""
+        overrides one of the run's), written atomically, after the episode record is flushed (so that it holds every
+        episode the checkpoint counted)."""
         checkpoint = {
             "algo": self.algo,
             "env_id": self.args.env_id,
@@ -328,10 +323,10 @@ class Run:
             "hyperparameters": {name: getattr(self.args, name) for name in self.hyperparameters},
             "total_timesteps": self.args.total_timesteps,
             "run_seconds": self.seconds(),
+            "recent_returns": list(self.recent_returns),
+            "rng": rng_state(),
             **agent,
         }
-        checkpoint.setdefault("recent_returns", list(self.recent_returns))
-        checkpoint.setdefault("rng", rng_state())
         if self.episodes_file and not self.failed("episode record"):
             self.write("episode record", self.args.episodes_path, self.episodes_file.flush)
         if self.write("checkpoint", self.model_path, write_atomically, self.model_path, checkpoint):
@@ -339,18 +334,13 @@ class Run:
 
     def write(self, what, path, write, *args):
         """write(*args); True, or False where it fails (a full disk, a mount gone read-only or away): the run then
-        ends as a signal ends it, after this step, and finish() says in one line what could not be written."""
+        ends as at a signal, after this step, and finish() says in one line what could not be written."""
         try:
             write(*args)
             return True
         except OSError as error:
-            self.write_failed(what, path, error)
+            self.failed_writes.append((what, failed_write_message(what, path, error)))
             return False
-
-    def write_failed(self, what, path, error):
-        self.failed_writes.append(
-            (what, f"cannot write the {what} {path}: {error.strerror or str(error).splitlines()[0]}")
-        )
 
     def failed(self, what):
         return any(failed == what for failed, _ in self.failed_writes)
@@ -371,31 +361,35 @@ class Run:
                 self.episodes_file.close()
         elif self.episodes_file:
             self.write("episode record", self.args.episodes_path, self.episodes_file.close)
-        eval_return = self.evaluate(make_policy) if self.evaluates() and not self.stopping else None
+        evaluates = self.args.save_model and self.args.eval_episodes and self.rank == 0
+        eval_return = self.evaluate(make_policy) if evaluates and not self.stopping else None
         cut = "training" if global_step < self.total_steps else None  # only a stop ends the loop early
-        if not cut and self.evaluates() and eval_return is None:  # the evaluation was stopped, or never started
+        if not cut and evaluates and eval_return is None:  # the evaluation was stopped, or never started
             cut = "evaluation"
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-        if self.rank != 0:  # rank 0 alone writes the results and says what was cut
-            self.exit(cut)
-            sys.exit(0)
-        results = self.results(global_step, end, cut, eval_return)
-        if self.args.results_path:
-            self.write("results line", self.args.results_path, append_line, self.args.results_path, json.dumps(results))
-        if self.wandb:
-            self.wandb.log({"charts/sps": self.sps, "charts/eval_return": eval_return}, step=global_step)
-            self.wandb.finish()
-        print(self.summary(global_step, cut, results))
-        saved_path, saved_step = self.saved
-        intact = f"the checkpoint of step {saved_step}, {saved_path}" if saved_path else "no checkpoint"
-        for _, message in self.failed_writes:
-            print(f"{self.script}: error: {message}; the run stopped at step {global_step}; intact: {intact}",
-                  file=sys.stderr)  # fmt: skip
-        self.exit(cut)
-
-    def evaluates(self):
-        return bool(self.args.save_model and self.args.eval_episodes and self.rank == 0)
+        if self.rank == 0:  # rank 0 alone writes the results and says what was cut
+            results = self.results(global_step, end, cut, eval_return)
+            if self.args.results_path:
+                self.write("results line", self.args.results_path, append_line, self.args.results_path,
+                           json.dumps(results))  # fmt: skip
+            if self.wandb:
+                self.wandb.log({"charts/sps": self.sps, "charts/eval_return": eval_return}, step=global_step)
+                self.wandb.finish()
+            print(self.summary(global_step, cut, results))
+            intact = f"the checkpoint of step {self.saved[1]}, {self.saved[0]}" if self.saved[0] else "no checkpoint"
+            for _, message in self.failed_writes:
+                print(f"{self.script}: error: {message}; the run stopped at step {global_step}; intact: {intact}",
+                      file=sys.stderr)  # fmt: skip
+        # Nothing is left to cut: a signal must not kill the process now, or its exit status would say the run was cut.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
+        if self.failed_writes:
+            sys.exit(WRITE_FAILED)
+        if cut:
+            sys.exit(128 + self.stop_signals[0])
+        if self.stop_signals and self.rank == 0:
+            print(f"{self.script}: {self.cause()} received as the run ended: nothing was cut", file=sys.stderr)
 
     def evaluate(self, make_policy):
         """The saved agent's mean return over --eval-episodes on a fresh env (None if a signal or a video's failed
@@ -403,13 +397,11 @@ class Run:
         video_folder = self.video_folder if self.args.capture_video else None
         seed = self.args.seed + EVAL_SEED_OFFSET
         env = self.make_eval_env(seed, "rgb_array" if video_folder else None)
-        checkpoint = torch.load(self.model_path, map_location="cpu", weights_only=True)
-        act = make_policy(checkpoint, env, self.device)
+        act = make_policy(torch.load(self.model_path, map_location="cpu", weights_only=True), env, self.device)
         try:
             return evaluate(env, act, self.args.eval_episodes, seed, video_folder, self.stop_signals)
         except OSError as error:  # evaluate() writes only the videos
-            self.write_failed("video", error.filename, error)
-            return None
+            self.failed_writes.append(("video", failed_write_message("video", error.filename, error)))
 
     def results(self, global_step, end, cut, eval_return):
         """The results line: what ran where, how fast, how it ended, and what it returns."""
@@ -419,9 +411,7 @@ class Run:
             "algo": self.algo + ("_distributed" if self.distributed else ""),
             "env_id": args.env_id,
             "seed": args.seed,
-            "compile": getattr(args, "compile", False),
-            "cudagraphs": getattr(args, "cudagraphs", False),
-            "bf16": getattr(args, "bf16", False),
+            **{flag: getattr(args, flag, False) for flag in ("compile", "cudagraphs", "bf16")},  # the twins' flags
             "device": str(self.device),
             "torch_version": torch.__version__,
             "total_timesteps": self.total_steps,
@@ -462,19 +452,6 @@ class Run:
         """What stopped the run: a failed write, else the first signal."""
         return "a failed write" if self.failed_writes else signal.Signals(self.stop_signals[0]).name
 
-    def exit(self, cut):
-        """WRITE_FAILED after a failed write; 128 + the signal's number when a signal cut something; else this process
-        goes on to its end (exit status 0)."""
-        # Nothing is left to cut: a signal must not kill the process now, or its exit status would say the run was cut.
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, signal.SIG_IGN)
-        if self.failed_writes:
-            sys.exit(WRITE_FAILED)
-        if cut:
-            sys.exit(128 + self.stop_signals[0])
-        if self.stop_signals and self.rank == 0:
-            print(f"{self.script}: {self.cause()} received as the run ended: nothing was cut", file=sys.stderr)
-
 
 # --- Outputs ----------------------------------------------------------------------------------------------------------
 def exit_with_error(message):
@@ -485,6 +462,10 @@ def exit_with_error(message):
         time.sleep(30)
     print(f"{os.path.basename(sys.argv[0])}: {f'rank {rank}: ' if rank else ''}error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def failed_write_message(what, path, error):
+    return f"cannot write the {what} {path}: {error.strerror or str(error).splitlines()[0]}"
 
 
 def check_writable(path, what):
@@ -502,7 +483,7 @@ def check_writable(path, what):
         open(probe, "w").close()
         os.remove(probe)
     except OSError as error:
-        exit_with_error(f"cannot write the {what} {path}: {error.strerror or error}")
+        exit_with_error(failed_write_message(what, path, error))
 
 
 def write_atomically(path, content):
@@ -521,9 +502,7 @@ def write_atomically(path, content):
         cause = error
         while cause is not None and not isinstance(cause, OSError):
             cause = cause.__context__
-        if cause is None:
-            raise
-        raise cause from None
+        raise cause or error from None
 
 
 def append_line(path, line):
@@ -676,94 +655,3 @@ def cpu_vendor():
             return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("vendor_id")), "")
     except OSError:
         return ""
-
-
-# --- What the twins add -----------------------------------------------------------------------------------------------
-def optimizer_state(optimizer, members=1, **settings):
-    """An optimizer's state_dict in the plain script's layout: its settings, and an ensemble's members' own entries."""
-    state = optimizer.state_dict()
-    groups = [{**group, **settings} for group in state["param_groups"]]
-    if members == 1:
-        return {**state, "param_groups": groups}
-    n = len(groups[0]["params"])
-    per_member = {
-        i * n + k: {name: value if name == "step" else value[i] for name, value in param_state.items()}
-        for i in range(members)
-        for k, param_state in state["state"].items()
-    }
-    groups[0]["params"] = list(range(members * n))
-    return {"state": per_member, "param_groups": groups}
-
-
-def load_optimizer_state(optimizer, state, members=1, **settings):
-    """Load a state saved in the plain layout (see optimizer_state) into an optimizer of the twin's settings."""
-    groups = [{**group, **settings} for group in state["param_groups"]]
-    if members > 1:  # each member's entries stacked back into the stacked parameter's
-        n = len(groups[0]["params"]) // members
-        saved = state["state"]
-        state = {"state": {
-            k: {name: value if name == "step" else torch.stack([saved[i * n + k][name] for i in range(members)])
-                for name, value in saved[k].items()}
-            for k in range(n) if k in saved
-        }}  # fmt: skip
-        groups = [{**group, "params": list(range(n))} for group in groups]
-    optimizer.load_state_dict({**state, "param_groups": groups})
-
-
-class TensorLearningRate:
-    """An optimizer's learning rate in the 0-d tensor its compiled and captured steps read (a changed Python float
-    would recompile them), written in place; checkpoints hold the float the schedule set, as the plain script's
-    optimizer does (not its float32 rounding), with the plain optimizer's settings."""
-
-    def __init__(self, optimizer, lr):
-        self.optimizer, self.lr = optimizer, lr
-
-    def set(self, lr):
-        self.optimizer.param_groups[0]["lr"].fill_(lr)
-        self.lr = lr
-
-    def optimizer_state(self, **plain_settings):
-        return optimizer_state(self.optimizer, lr=self.lr, **plain_settings)
-
-    def load_optimizer_state(self, state, **twin_settings):
-        tensor = self.optimizer.param_groups[0]["lr"]
-        load_optimizer_state(self.optimizer, state, lr=tensor, **twin_settings)
-        self.optimizer.param_groups[0]["lr"] = tensor  # load_state_dict copies the groups: keep the tensor read
-        self.set(state["param_groups"][0]["lr"])
-
-
-def fp32_layer(layer, x):
-    """A layer in its weights' dtype (fp32), even under --bf16's autocast, for where bf16's 8 significant bits would
-    show: a last layer, whose outputs (logits, values, Q values) set a ratio, a target or a loss (a Q value near 1000
-    is a multiple of 4 in bf16); a first layer of observations and actions, whose rounding biases the gradients."""
-    with torch.autocast(x.device.type, enabled=False):
-        return layer(x.to(layer.weight.dtype))
-
-
-# Dynamo's checks on the code's structure: types, attributes, dict keys, sequence lengths, modules and their hooks.
-STRUCTURE_GUARDS = {"TYPE_MATCH", "CLASS_MATCH", "HASATTR", "NOT_PRESENT_IN_GENERIC_DICT", "DICT_KEYS_MATCH",
-                    "DICT_CONTAINS", "DICT_NOT_CONTAINS", "SEQUENCE_LENGTH", "BUILTIN_MATCH", "MODULE_MATCH",
-                    "EMPTY_NN_MODULE_HOOKS_DICT", "DUPLICATE_INPUT"}  # fmt: skip
-
-
-def value_guards(guard_entries):
-    """torch.compile's guard_filter_fn for the twins: before each call of a compiled function, dynamo checks that what
-    its graph was traced with still holds. Keep the checks on values (every tensor's shape, dtype and device, every
-    Python number, flag or function it reads, e.g. a hyper-parameter in its closure, the global state) and skip those
-    on the code's structure, which a script never changes: fewer checks a call, and a second build of a twin in the
-    same process, with other hyper-parameters, still gets a graph of its own."""
-    return [entry.guard_type not in STRUCTURE_GUARDS for entry in guard_entries]
-
-
-def set_compile_settings():
-    """The process-wide settings of a twin's --compile, for every function compiled after it in this process
-    (docs/running.md): dynamo traces backward() into the compiled graph (torch >= 2.11: one kernel program for a loss
-    and its gradients, no autograd at run time; an older torch says in one line that it runs backward() eagerly), and
-    tensordict's warning at each compilation that a TensorDictParams' lock is not enforced in compiled code is off."""
-    if hasattr(torch._dynamo.config, "trace_autograd_ops"):
-        torch._dynamo.config.trace_autograd_ops = True
-    elif world()[0] == 0:
-        print(
-            f"torch {torch.__version__} cannot trace backward() into a compiled graph: it runs eagerly", file=sys.stderr
-        )
-    warnings.filterwarnings("ignore", message=r"Using lock_\(\) inside a compiled graph")

@@ -10,6 +10,7 @@ import run_utils
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import twin_utils
 import tyro
 from tensordict import TensorDict, from_modules
 from tensordict.nn import CudaGraphModule
@@ -109,9 +110,9 @@ class SoftQNetwork(nn.Module):
 
     def forward(self, x, a):
         x = torch.cat([x, a], 1)
-        x = F.relu(run_utils.fp32_layer(self.fc1, x))  # under --bf16 too: rounded inputs bias the gradients
+        x = F.relu(twin_utils.fp32_layer(self.fc1, x))  # under --bf16 too: rounded inputs bias the gradients
         x = F.relu(self.fc2(x))
-        return run_utils.fp32_layer(self.fc3, x)  # under --bf16 too: the Q values enter the TD target and the losses
+        return twin_utils.fp32_layer(self.fc3, x)  # under --bf16 too: the Q values enter the TD target and the losses
 
 
 LOG_STD_MAX = 2
@@ -131,10 +132,10 @@ class Actor(nn.Module):
         self.register_buffer("action_bias", (action_high + action_low) / 2.0)
 
     def forward(self, x):
-        x = F.relu(run_utils.fp32_layer(self.fc1, x))  # under --bf16 too: rounded observations bias the gradients
+        x = F.relu(twin_utils.fp32_layer(self.fc1, x))  # under --bf16 too: rounded observations bias the gradients
         x = F.relu(self.fc2(x))
-        mean = run_utils.fp32_layer(self.fc_mean, x)  # under --bf16 too: the action's log-probability enters the losses
-        log_std = torch.tanh(run_utils.fp32_layer(self.fc_logstd, x))
+        mean = twin_utils.fp32_layer(self.fc_mean, x)  # under --bf16 too: its log-probability enters the losses
+        log_std = torch.tanh(twin_utils.fp32_layer(self.fc_logstd, x))
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)  # from SpinUp / Denis Yarats
         return mean, log_std
 
@@ -284,9 +285,9 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
     # The update functions look critic_backward and actor_backward up when called, so they use the compiled ones.
     if args.compile:
         # Process-wide (docs/running.md): backward() traced into the compiled graphs; tensordict's lock warning off.
-        run_utils.set_compile_settings()
+        twin_utils.set_compile_settings()
         # Guards on values, not on the code's structure (fewer checks a call); a copy per call: compile pops it.
-        value_guards = {"guard_filter_fn": run_utils.value_guards}
+        value_guards = {"guard_filter_fn": twin_utils.value_guards}
         # Compiled: fused kernels instead of one Python dispatch per op; on CPU called from generated C++ (cpp_wrapper).
         on_cpu = device.type == "cpu"
         critic_backward = torch.compile(critic_backward, options={**value_guards, "cpp_wrapper": on_cpu})
@@ -308,9 +309,9 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
             "actor": actor.state_dict(),
             **{f"qf{i + 1}": qnet_params_detached[i].clone().flatten_keys(".").to_dict() for i in range(2)},
             **{f"qf{i + 1}_target": target_qnet_params[i].clone().flatten_keys(".").to_dict() for i in range(2)},
-            "q_optimizer": run_utils.optimizer_state(q_optimizer, members=2, **plain_adam),
-            "actor_optimizer": run_utils.optimizer_state(actor_optimizer, **plain_adam),
-            "alpha_optimizer": run_utils.optimizer_state(alpha_optimizer, **plain_adam),
+            "q_optimizer": twin_utils.optimizer_state(q_optimizer, members=2, **plain_adam),
+            "actor_optimizer": twin_utils.optimizer_state(actor_optimizer, **plain_adam),
+            "alpha_optimizer": twin_utils.optimizer_state(alpha_optimizer, **plain_adam),
             "log_alpha": log_alpha.detach().clone(),
         }
 
@@ -319,9 +320,9 @@ def build_sac(obs_dim, action_dim, action_low, action_high, args, device):
         for i in range(2):
             qnet_params_detached[i].update_(TensorDict(state[f"qf{i + 1}"]).unflatten_keys("."))
             target_qnet_params[i].update_(TensorDict(state[f"qf{i + 1}_target"]).unflatten_keys("."))
-        run_utils.load_optimizer_state(q_optimizer, state["q_optimizer"], members=2, **adam_kwargs)
-        run_utils.load_optimizer_state(actor_optimizer, state["actor_optimizer"], **adam_kwargs)
-        run_utils.load_optimizer_state(alpha_optimizer, state["alpha_optimizer"], **adam_kwargs)
+        twin_utils.load_optimizer_state(q_optimizer, state["q_optimizer"], members=2, **adam_kwargs)
+        twin_utils.load_optimizer_state(actor_optimizer, state["actor_optimizer"], **adam_kwargs)
+        twin_utils.load_optimizer_state(alpha_optimizer, state["alpha_optimizer"], **adam_kwargs)
         log_alpha.data.copy_(state["log_alpha"])
         if args.autotune:
             alpha.copy_(log_alpha.detach().exp())

@@ -10,6 +10,7 @@ import run_utils
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import twin_utils
 import tyro
 from tensordict import TensorDict, from_modules
 from tensordict.nn import CudaGraphModule
@@ -107,9 +108,9 @@ class QNetwork(nn.Module):
 
     def forward(self, x, a):
         x = torch.cat([x, a], 1)
-        x = F.relu(run_utils.fp32_layer(self.fc1, x))  # under --bf16 too: rounded inputs bias the gradients
+        x = F.relu(twin_utils.fp32_layer(self.fc1, x))  # under --bf16 too: rounded inputs bias the gradients
         x = F.relu(self.fc2(x))
-        return run_utils.fp32_layer(self.fc3, x)  # under --bf16 too: the Q values enter the TD target and the losses
+        return twin_utils.fp32_layer(self.fc3, x)  # under --bf16 too: the Q values enter the TD target and the losses
 
 
 class Actor(nn.Module):
@@ -124,9 +125,9 @@ class Actor(nn.Module):
         self.register_buffer("action_bias", (action_high + action_low) / 2.0)
 
     def forward(self, x):
-        x = F.relu(run_utils.fp32_layer(self.fc1, x))  # under --bf16 too: rounded observations bias the gradients
+        x = F.relu(twin_utils.fp32_layer(self.fc1, x))  # under --bf16 too: rounded observations bias the gradients
         x = F.relu(self.fc2(x))
-        return torch.tanh(run_utils.fp32_layer(self.fc_mu, x)) * self.action_scale + self.action_bias  # fp32 in --bf16
+        return torch.tanh(twin_utils.fp32_layer(self.fc_mu, x)) * self.action_scale + self.action_bias  # fp32 in --bf16
 
 
 class ReplayBuffer:
@@ -257,9 +258,9 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
     # The update functions look critic_backward and actor_backward up when called, so they use the compiled ones.
     if args.compile:
         # Process-wide (docs/running.md): backward() traced into the compiled graphs; tensordict's lock warning off.
-        run_utils.set_compile_settings()
+        twin_utils.set_compile_settings()
         # Guards on values, not on the code's structure (fewer checks a call); a copy per call: compile pops it.
-        value_guards = {"guard_filter_fn": run_utils.value_guards}
+        value_guards = {"guard_filter_fn": twin_utils.value_guards}
         # Compiled: fused kernels instead of one Python dispatch per op. On CPU, the graphs are called from generated
         # C++ instead of Python (cpp_wrapper), and the noise comes from ATen's generator (fallback_random): inductor's
         # own random kernel is slower there.
@@ -287,8 +288,8 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
             **{f"qf{i + 1}": qnet_params_detached[i].clone().flatten_keys(".").to_dict() for i in range(2)},
             "target_actor": target_actor_params.clone().flatten_keys(".").to_dict(),
             **{f"qf{i + 1}_target": target_qnet_params[i].clone().flatten_keys(".").to_dict() for i in range(2)},
-            "q_optimizer": run_utils.optimizer_state(q_optimizer, members=2, **plain_adam),
-            "actor_optimizer": run_utils.optimizer_state(actor_optimizer, **plain_adam),
+            "q_optimizer": twin_utils.optimizer_state(q_optimizer, members=2, **plain_adam),
+            "actor_optimizer": twin_utils.optimizer_state(actor_optimizer, **plain_adam),
         }
 
     def load_state_dict(state):
@@ -297,8 +298,8 @@ def build_td3(obs_dim, action_dim, action_low, action_high, args, device):
         for i in range(2):
             qnet_params_detached[i].update_(TensorDict(state[f"qf{i + 1}"]).unflatten_keys("."))
             target_qnet_params[i].update_(TensorDict(state[f"qf{i + 1}_target"]).unflatten_keys("."))
-        run_utils.load_optimizer_state(q_optimizer, state["q_optimizer"], members=2, **adam_kwargs)
-        run_utils.load_optimizer_state(actor_optimizer, state["actor_optimizer"], **adam_kwargs)
+        twin_utils.load_optimizer_state(q_optimizer, state["q_optimizer"], members=2, **adam_kwargs)
+        twin_utils.load_optimizer_state(actor_optimizer, state["actor_optimizer"], **adam_kwargs)
 
     return SimpleNamespace(
         update_critic=update_critic,

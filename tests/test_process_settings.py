@@ -2,7 +2,7 @@
 own (compile it, catch its warnings) in the same process.
 
 Built without --compile on a CPU, no twin changes a process-wide setting. Built with --compile, a twin makes the
-settings run_utils.set_compile_settings states (and docs/running.md lists), and only those: dynamo's
+settings twin_utils.set_compile_settings states (and docs/running.md lists), and only those: dynamo's
 trace_autograd_ops, and a warnings filter for tensordict's lock warning. PQN Atari's twin compiles only its Q(lambda)
 returns on a CPU, which need neither: it changes nothing there.
 """

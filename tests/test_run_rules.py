@@ -1,7 +1,7 @@
 """Rules every script keeps, checked script by script: every numeric flag has a domain, and a value outside it is
 refused before the first step; a resume keeps the budget its schedule is computed from, logs are counted in
 iterations (not env steps), a twin's sps clock starts after its CUDA graphs are recorded with a burn-in of 5
-iterations, the small-network twins' compiled functions keep the guards on values (run_utils.value_guards), and a
+iterations, the small-network twins' compiled functions keep the guards on values (twin_utils.value_guards), and a
 signal after the last step is told truthfully.
 
 The resumed checkpoints are the old ones of tests/old_checkpoints (see test_old_checkpoints.py), given the budget a
@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import run_utils
 import torch
+import twin_utils
 from checks import check_bad_input_in_process
 from helpers import (
     REPO_ROOT,
@@ -48,13 +49,12 @@ SCHEDULED = {  # the scripts whose schedule is computed from --total-timesteps, 
 SCRIPTS = [plain + twin for plain in SCHEDULED for twin in ("", "_torchcompile")]
 
 
-ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS_DIR.glob("*.py") if path.stem != "run_utils")
+ALL_SCRIPTS = sorted(path.stem for path in SCRIPTS_DIR.glob("*.py") if not path.stem.endswith("_utils"))
 
 
 def outside(domain, kind):
     """Values just outside a domain, one beyond each bound it has: the bound itself where it is open, else a step
     past it (1 for an int flag, 0.5 for a float one)."""
-    import run_utils
 
     low, high, low_closed, high_closed = run_utils.domain_bounds(domain)
     step = 1 if kind is int else 0.5
@@ -70,7 +70,6 @@ def test_every_numeric_flag_has_a_domain_and_values_outside_are_refused(name, tm
     """A numeric Args field with no domain fails here; each value outside a domain gets exit status 2 and one line
     naming the flag, the value and the domain, before anything is made or written (a run that trained instead would
     stop after one rollout at most: --total-timesteps 1)."""
-    import run_utils
 
     module = load_script(name)
     domains = {**run_utils.RUN_DOMAINS, **module.DOMAINS}
@@ -123,7 +122,6 @@ def test_a_checkpoint_records_its_budget_and_sac_extends_a_run(tmp_path, capsys)
 @pytest.mark.parametrize("name", ["sac_continuous_action", "td3_continuous_action_torchcompile"])
 def test_many_envs_log_once_every_log_every_iterations(name, monkeypatch):
     """16 envs, 250 iterations: logs at iterations 100 and 200 (counting env steps, 16 of every 100 would log)."""
-    import run_utils
 
     logged = []
     real_log = run_utils.Run.log
@@ -158,7 +156,6 @@ TWINS_ON_CUDA = {
 @requires_cuda
 @pytest.mark.parametrize("name", TWINS_ON_CUDA)
 def test_the_sps_clock_starts_after_every_cuda_graph_is_recorded_with_their_burn_in(name, monkeypatch):
-    import run_utils
     from tensordict.nn import CudaGraphModule
 
     recorded_when_measured = []
@@ -206,7 +203,7 @@ def test_every_compiled_function_of_a_small_network_twin_gets_the_value_guard_fi
     SMALL_NETWORK_TWINS[name](module, module.Args(compile=True))
     assert len(options_given) >= 2, options_given
     filters = [options.get("guard_filter_fn") for options in options_given]
-    assert all(f is run_utils.value_guards for f in filters), options_given
+    assert all(f is twin_utils.value_guards for f in filters), options_given
 
 
 # --- A signal after the last step ---------------------------------------------------------------------------------
@@ -266,7 +263,6 @@ def in_the_evaluation(run_utils, monkeypatch, signum):
 def test_a_signal_after_the_training_cuts_the_evaluation_and_says_so(moment, signum, tmp_path, monkeypatch):
     """The training is whole and its checkpoint written whole; the evaluation is cut (not started, or stopped): the
     results line says "cut": "evaluation", the summary says it, and the exit status is 128 + the signal."""
-    import run_utils
 
     model, results = tmp_path / "agent.pt", tmp_path / "results.jsonl"
     moment(run_utils, monkeypatch, signum)
@@ -285,7 +281,6 @@ def test_a_signal_after_the_training_cuts_the_evaluation_and_says_so(moment, sig
 def test_a_signal_after_the_results_line_cuts_nothing_and_says_so(tmp_path, monkeypatch):
     """Everything written, evaluation included: the run exits 0, its results line says nothing was cut, and one line
     on stderr says the signal came too late to cut anything."""
-    import run_utils
 
     def print_then_signal(*args, **kwargs):  # the signal comes with the summary, after the results line
         print(*args, **kwargs)

@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import run_utils
 import torch
+import twin_utils
 from checks import assert_same_state, check_bad_input_in_process
 from helpers import SCRIPTS_DIR, command_line
 from tensordict import from_modules
 
-SCRIPTS = sorted(path.stem for path in SCRIPTS_DIR.glob("*.py") if path.stem != "run_utils")
+SCRIPTS = sorted(path.stem for path in SCRIPTS_DIR.glob("*.py") if not path.stem.endswith("_utils"))
 # The cheapest valid run of each pair: the check under test must stop it before anything else happens.
 TINY = {
     "sac": ("--env-id", "Pendulum-v1"),
@@ -94,10 +95,10 @@ def test_ensemble_optimizer_state_is_the_plain_layout_and_back():
     adam_steps(plain_optimizer, plain_params)
     adam_steps(twin_optimizer, list(stacked.values(True, True)))
 
-    saved = run_utils.optimizer_state(twin_optimizer, members=2)
+    saved = twin_utils.optimizer_state(twin_optimizer, members=2)
     assert_same_state(saved, plain_optimizer.state_dict())
     reloaded = torch.optim.Adam(list(stacked.values(True, True)), lr=0.1)
-    run_utils.load_optimizer_state(reloaded, saved, members=2)
+    twin_utils.load_optimizer_state(reloaded, saved, members=2)
     assert_same_state(reloaded.state_dict(), twin_optimizer.state_dict())
 
 
@@ -105,9 +106,9 @@ def test_optimizer_state_settings_are_swapped():
     params = [torch.nn.Parameter(torch.ones(2))]
     optimizer = torch.optim.Adam(params, lr=0.1, foreach=True)
     adam_steps(optimizer, params)
-    saved = run_utils.optimizer_state(optimizer, foreach=None)
+    saved = twin_utils.optimizer_state(optimizer, foreach=None)
     assert saved["param_groups"][0]["foreach"] is None
-    run_utils.load_optimizer_state(optimizer, saved, foreach=True)
+    twin_utils.load_optimizer_state(optimizer, saved, foreach=True)
     assert optimizer.param_groups[0]["foreach"] is True
 
 
