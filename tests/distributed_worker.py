@@ -7,7 +7,7 @@ gradient: every rank builds each script's PPO (plain, then twin) and updates it 
 minibatches (with and without advantage normalisation, some steps masked out); it saves the agent's parameters before
 the update, its gradients after it (the all-reduced ones) and the losses summed over ranks.
 run: every rank runs SCRIPT's `__main__` with FLAGS, as torchrun would, and saves what the run ended with: the agent's
-parameters, its last rollout's observations, its optimizer step counts, the episode returns it reports, the seed its
+parameters, its last rollout's observations, its optimizer step counts, the episode returns it reports, the seeds its
 envs were made with and its exit status.
 Each rank writes OUT/<mode>_rank<r>.pt; the test compares them.
 """
@@ -20,42 +20,37 @@ import envpool
 import torch
 import torch.distributed as dist
 
-TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import built, default_dtype, load_script, script_path  # noqa: E402
-from test_ppo_atari import NUM_ACTIONS, call_update, random_minibatch  # noqa: E402
+from test_ppo_atari import DISTRIBUTED, DISTRIBUTED_TWIN, build, call_update, random_minibatch  # noqa: E402
 
 GLOBAL_MINIBATCH = 16  # the rows of the global minibatch; each rank gets a contiguous half
 
 
 def gradient(out):
     dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, share = dist.get_rank(), GLOBAL_MINIBATCH // dist.get_world_size()
     results = {}
     # Random frames and rollout quantities, a quarter of the steps masked out; the same on every rank. Drawn as float32
-    # (float64 draws would mask the two halves evenly), computed in float64 (below).
+    # (float64 draws would mask the two halves evenly), computed in float64: the twin's channels-last convolutions sum
+    # in another order than the plain script's, and in float32 that can flip a ReLU whose input is within rounding of
+    # 0, and the gradient with it.
     batch = random_minibatch(seed=7, size=GLOBAL_MINIBATCH)
     batch = {key: value.double() if value.is_floating_point() else value for key, value in batch.items()}
-    # float64: the twin's channels-last convolutions sum in another order than the plain script's, and in float32 that
-    # can flip a ReLU whose input is within rounding of 0, and the gradient with it.
+    rank_batch = {key: value[rank * share : (rank + 1) * share] for key, value in batch.items()}
     with default_dtype(torch.float64):
-        for name in ("ppo_atari_envpool_distributed", "ppo_atari_envpool_distributed_torchcompile"):
+        for name in (DISTRIBUTED, DISTRIBUTED_TWIN):
             module = load_script(name)
             for norm_adv in (True, False):
-                torch.manual_seed(100 + rank)  # rank 0's initial parameters must reach the others (the broadcast)
-                # No clipping: the gradient itself is compared.
-                args = module.Args(norm_adv=norm_adv, max_grad_norm=1e9)
-                ppo = module.build_ppo(NUM_ACTIONS, args, torch.device("cpu"))
-                agent = built(ppo, "agent")
-                initial = {key: value.clone() for key, value in agent.state_dict().items()}
-                share = GLOBAL_MINIBATCH // world_size
-                rank_batch = {key: value[rank * share : (rank + 1) * share] for key, value in batch.items()}
-                # The minibatch as the single-process counterpart's update takes it: tensors, or a TensorDict.
-                losses = call_update(ppo, name.replace("_distributed", ""), rank_batch)
-                summed = module.sum_over_ranks(*(losses[key].detach() for key in losses.keys()))
+                # Seeded by rank: rank 0's initial parameters must reach the others (the broadcast). No clipping: the
+                # gradient itself is compared.
+                ppo = build(module, seed=100 + rank, norm_adv=norm_adv, max_grad_norm=1e9)
+                initial = {key: value.clone() for key, value in ppo.network.state_dict().items()}
+                losses = call_update(ppo, name, rank_batch)
+                summed = module.sum_over_ranks(*(loss.detach() for loss in losses.values()))
                 results[name, norm_adv] = dict(
                     initial=initial,
-                    gradients={key: value.grad.clone() for key, value in agent.named_parameters()},
+                    gradients={key: value.grad.clone() for key, value in ppo.network.named_parameters()},
                     losses=dict(zip(losses.keys(), summed, strict=True)),
                     batch=batch,
                 )
@@ -64,9 +59,7 @@ def gradient(out):
 
 
 def run(out, script, flags):
-    rank = int(os.environ["RANK"])
-    env_seeds = []
-    real_make = envpool.make
+    env_seeds, real_make = [], envpool.make
 
     def make(*args, **kwargs):
         env_seeds.append(kwargs["seed"])
@@ -76,8 +69,7 @@ def run(out, script, flags):
     path = script_path(script)
     sys.argv = [str(path), *flags]
     # The script's globals are kept in this dict: ranks other than 0 leave through sys.exit at the end of a run.
-    run_globals = {"__name__": "__main__", "__file__": str(path)}
-    status = 0
+    run_globals, status = {"__name__": "__main__", "__file__": str(path)}, 0
     try:
         exec(compile(path.read_text(), str(path), "exec"), run_globals)
     except SystemExit as exit_:
@@ -93,7 +85,7 @@ def run(out, script, flags):
             optimizer_steps=sorted({state["step"].item() for state in ppo.optimizer.state.values()}),
             episode_returns=run_globals["run"].episode_returns,
         ),
-        Path(out) / f"run_rank{rank}.pt",
+        Path(out) / f"run_rank{os.environ['RANK']}.pt",
     )
 
 
