@@ -278,7 +278,7 @@ def check_bf16_td_errors_near_fp32_at_large_q_values(build, obs_dim, action_dim,
     head in bf16 rounds it to a multiple of 4: with fp32_layer replaced by a plain call under autocast, the TD errors
     miss by far more (the check can fail). build(**overrides) -> a twin's agent, the same parameters each time, its
     learning rate 0 (every sample meets the same networks)."""
-    import run_utils
+    import twin_utils
 
     def td_errors(agent):
         with torch.no_grad():
@@ -301,7 +301,7 @@ def check_bf16_td_errors_near_fp32_at_large_q_values(build, obs_dim, action_dim,
     assert 3 < fp32.norm() / samples**0.5 < 30, f"TD errors of {fp32.norm() / samples**0.5:.1f}, not about 10"
     bf16 = td_errors(build(bf16=True))
     assert (bf16 - fp32).norm() / fp32.norm() < 0.02, ((bf16 - fp32).norm() / fp32.norm(), fp32, bf16)
-    monkeypatch.setattr(run_utils, "fp32_layer", lambda layer, x: layer(x))
+    monkeypatch.setattr(twin_utils, "fp32_layer", lambda layer, x: layer(x))
     bf16_heads = td_errors(build(bf16=True))
     assert (bf16_heads - fp32).norm() / fp32.norm() > 0.05, "bf16 heads pass too: the check proves nothing"
 

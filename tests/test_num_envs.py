@@ -5,22 +5,17 @@ checkpoint, the returns and the eval return of each script's tiny run were at co
 sum, a sum of absolute values, a root of the sum of squares and a signed sum of each float tensor, and a SHA-256 of
 the others (the random generators' states, the step counts). They are compared exactly where any host computes them
 alike, and within a tolerance where the CPU kernels of another host round differently (the compiled ones, and
-matrix products whose kernels depend on the vector instructions). It was written, on a 2-core AMD EPYC (AVX2)
-where the runs agree with it bit for bit, with
-
-    mkdir /tmp/base && git archive 1af5c19 leanrl | tar -x -C /tmp/base
-    python tests/test_num_envs.py /tmp/base/leanrl
+matrix products whose kernels depend on the vector instructions). It was written on a 2-core AMD EPYC (AVX2), where
+the runs agree with it bit for bit, by this file's __main__ block as of commit aeaebb7 (git show
+aeaebb7:tests/test_num_envs.py), run on a checkout of 1af5c19's leanrl/.
 
 With several envs: the runs count env steps, the replay buffer takes an iteration's transitions as rows (the plain
-and the twin buffer alike, wrapping around), a vector run resumes, refuses a checkpoint of another --num-envs or
---gradient-steps, and stops on a signal with a checkpoint to resume from. (The twins' learning tests, in test_sac.py
-and test_td3.py, run on 4 envs.)
+and the twin buffer alike, wrapping around), and a vector run resumes and refuses a checkpoint of another --num-envs
+or --gradient-steps. (The twins' learning tests, in test_sac_td3.py, run on 4 envs.)
 """
 
 import hashlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -99,17 +94,6 @@ def values(checkpoint):
     return entries
 
 
-def dump(reference):
-    """The reference as JSON, an entry a line."""
-    variants = []
-    for variant, run in reference.items():
-        entries = ",\n".join(f"   {json.dumps(where)}: {json.dumps(value)}" for where, value in run["values"].items())
-        variants.append(f' {json.dumps(variant)}: {{\n  "episode_returns": {json.dumps(run["episode_returns"])},\n'
-                        f'  "eval_return": {json.dumps(run["eval_return"])},\n'
-                        f'  "values": {{\n{entries}\n  }}\n }}')  # fmt: skip
-    return "{\n" + ",\n".join(variants) + "\n}\n"
-
-
 def gap(actual, expected):
     """The largest gap between two float entries' sums, relative to the expected one's sum of absolute values (its
     root of the sum of squares for that one): a tensor within rtol of the other, entry by entry, is within rtol."""
@@ -172,27 +156,6 @@ SCRIPTS = [plain + twin for plain in PLAINS for twin in ("", "_torchcompile")]
 VECTOR = ("--env-id", "Pendulum-v1", "--num-envs", "4", "--learning-starts", "200", "--batch-size", "32")
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_steps_are_env_steps_of_every_env(name, tmp_path):
-    """4 Pendulum envs for 802 steps: 201 iterations, 804 env steps (the budget rounded up to whole iterations);
-    each env ends an episode of 200 steps."""
-    results = tmp_path / "results.jsonl"
-    run = run_in_process(name, *VECTOR, "--total-timesteps", "802", "--gradient-steps", "2", "--save-model",
-                         "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0",
-                         "--results-path", results)  # fmt: skip
-    assert read_results(results)[0]["steps_done"] == 804
-    assert len(run["episode_returns"]) == 4
-    checkpoint = load_checkpoint(tmp_path / "agent.pt")
-    assert checkpoint["global_step"] == 804 and checkpoint["hyperparameters"]["num_envs"] == 4
-    buffer = checkpoint["replay_buffer"]
-    assert len(buffer["rewards"]) == 804 and buffer["pos"] == 804
-    # Each iteration's 4 transitions are 4 rows: the rows of one env are every 4th, each one's next_obs the
-    # next one's obs but at an episode's end, where the env was reset.
-    obs, next_obs = buffer["observations"], buffer["next_observations"]
-    follows = torch.isclose(next_obs[:-4], obs[4:]).all(1).reshape(-1, 4)
-    assert follows.sum() == 800 - 4 and not follows[199].any()
-
-
 # InvertedPendulum-v5 with a time limit of 6 steps: random and untrained policies drop the pole (a termination: the
 # pole's angle past 0.2) in 3 to 6 steps about half the time, and reach the limit (a truncation) otherwise. The real
 # limit, 1000 steps, would leave a test of a few hundred steps with no truncation.
@@ -202,19 +165,26 @@ if SHORT_PENDULUM not in gym.registry:
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_vector_envs_store_each_episode_end_as_it_happened(name, tmp_path):
-    """3 envs that terminate and truncate, 100 iterations (learning from the 51st): in each env's replay rows, an
-    episode's last transition holds its final observation (not the reset one that the vector env returns in its
-    place), a termination is stored as one and a truncation is not, and the next transition starts from the reset
-    observation. Checked twice: by what the rows show (a fallen pole in a terminal row, a reset observation, every
-    entry within 0.01 of zero, after it), and by stepping a copy of each env with the actions of its rows."""
-    num_envs, seed = 3, 1
-    run_in_process(name, "--env-id", SHORT_PENDULUM, "--num-envs", num_envs, "--seed", seed, "--total-timesteps",
-                   "300", "--learning-starts", "150", "--buffer-size", "300", "--batch-size", "32", "--save-model",
-                   "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")  # fmt: skip
-    buffer = {key: value.numpy() for key, value in load_checkpoint(tmp_path / "agent.pt")["replay_buffer"].items()
-              if isinstance(value, torch.Tensor)}  # fmt: skip
+def test_vector_envs_count_env_steps_and_store_each_episode_end_as_it_happened(name, tmp_path):
+    """3 envs that terminate and truncate, for 298 steps: 100 iterations, 300 env steps (the budget rounded up to
+    whole iterations), learning from the 51st. In each env's replay rows (every 3rd row), an episode's last transition
+    holds its final observation (not the reset one that the vector env returns in its place), a termination is stored
+    as one and a truncation is not, and the next transition starts from the reset observation. Checked twice: by what
+    the rows show (a fallen pole in a terminal row, a reset observation, every entry within 0.01 of zero, after it),
+    and by stepping a copy of each env with the actions of its rows; every episode's return is counted."""
+    num_envs, seed, results = 3, 1, tmp_path / "results.jsonl"
+    run = run_in_process(name, "--env-id", SHORT_PENDULUM, "--num-envs", num_envs, "--seed", seed,
+                         "--total-timesteps", "298", "--learning-starts", "150", "--buffer-size", "300",
+                         "--batch-size", "32", "--save-model", "--model-path", tmp_path / "agent.pt",
+                         "--eval-episodes", "0", "--results-path", results)  # fmt: skip
+    checkpoint = load_checkpoint(tmp_path / "agent.pt")
+    assert read_results(results)[0]["steps_done"] == checkpoint["global_step"] == 300
+    assert checkpoint["hyperparameters"]["num_envs"] == num_envs
+    buffer = {
+        key: value.numpy() for key, value in checkpoint["replay_buffer"].items() if isinstance(value, torch.Tensor)
+    }
     assert len(buffer["rewards"]) == 300
+    episodes = 0
     for index in range(num_envs):
         rows = {key: value[index::num_envs] for key, value in buffer.items()}  # this env's transitions, in order
         obs, next_obs = rows["observations"], rows["next_observations"]
@@ -241,10 +211,12 @@ def test_vector_envs_store_each_episode_end_as_it_happened(name, tmp_path):
                 replayed["terminated" if termination else "truncated"].append(t)
                 observation, _ = env.reset()  # the vector env's same-step autoreset: the env's own generator
         env.close()
+        episodes += len(replayed["terminated"]) + len(replayed["truncated"])
         assert {kind: [t for t in ts if t < 99] for kind, ts in replayed.items()} == {
             "terminated": terminated.tolist(),
             "truncated": truncated.tolist(),
         }, f"env {index}"
+    assert len(run["episode_returns"]) == episodes
 
 
 @pytest.mark.parametrize("plain", PLAINS)
@@ -277,31 +249,3 @@ def test_vector_run_resumes_and_refuses_another_num_envs(name, tmp_path, saved_c
     for flag, value in (("--num-envs", "2"), ("--gradient-steps", "1")):
         changed = (*flags, "--total-timesteps", "480", "--resume", tmp_path / "mid.pt", flag, value)
         check_bad_input_in_process(name, changed, [flag, "hyper-parameters"], tmp_path, capsys)
-
-
-# --- Writing the reference (from a checkout before --num-envs) ---------------------------------------------------
-
-RUN = """import json, runpy, sys, torch
-torch.set_num_threads(1)
-sys.argv = sys.argv[1:]
-sys.path.insert(0, sys.argv[0].rsplit("/", 1)[0])
-print(json.dumps(runpy.run_path(sys.argv[0], run_name="__main__")["run"].episode_returns))"""
-
-if __name__ == "__main__":
-    leanrl, tmp = Path(sys.argv[1]), Path(sys.argv[2] if len(sys.argv) > 2 else "/tmp/num_envs_reference")
-    tmp.mkdir(parents=True, exist_ok=True)
-    reference = {}
-    for variant, (name, flags) in VARIANTS.items():
-        model, results = tmp / f"{variant}.pt", tmp / f"{variant}.jsonl"
-        results.unlink(missing_ok=True)
-        argv = [leanrl / f"{name}.py", *TINY, *flags, "--no-cuda", "--save-model", "--model-path", model,
-                "--results-path", results]  # fmt: skip
-        printed = subprocess.run([sys.executable, "-c", RUN, *map(str, argv)], capture_output=True, text=True,
-                                 check=True).stdout  # fmt: skip
-        reference[variant] = {
-            "episode_returns": json.loads(printed.splitlines()[-1]),
-            "eval_return": read_results(results)[0]["eval_return"],
-            "values": values(load_checkpoint(model)),
-        }
-        print(variant, reference[variant]["episode_returns"])
-    REFERENCE.write_text(dump(reference))
