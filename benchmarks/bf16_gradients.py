@@ -1,7 +1,7 @@
 """What --bf16 does to the gradients of a trained agent: SAC's or TD3's twin, from a checkpoint of a run (its agent and
 replay buffer), on batches drawn from that buffer, the bf16 update's gradients against fp32's.
 
-    python benchmarks/bf16_gradients.py CHECKPOINT [--batches 32] [--out FILE.md]
+    python benchmarks/bf16_gradients.py CHECKPOINT [--batches 32] > FILE.md
 
 A checkpoint is what a run writes with --checkpoint-every (or --save-model) into --checkpoint-path, of either script
 of the pair. Per network (the critic: both Q networks' parameters, from the critic update; the actor, from the actor
@@ -24,9 +24,8 @@ import sys
 from pathlib import Path
 
 import torch
-from common import describe_machine, fail, load_script, machine_text  # benchmarks/ is on the path when this file runs
+from common import ROOT, describe_machine, fail, load_script, machine_text, table_row  # benchmarks/ is on the path
 
-ROOT = Path(__file__).resolve().parent.parent
 TWINS = {"sac": "sac_continuous_action_torchcompile", "td3": "td3_continuous_action_torchcompile"}
 
 
@@ -78,7 +77,6 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--batches", type=int, default=32, help="batches drawn from the replay buffer (default 32)")
-    parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = parser.parse_args()
     if args.batches < 2:
         fail(f"--batches must be 2 or more, not {args.batches}")
@@ -97,13 +95,10 @@ def main():
     obs_dim, action_dim = buffer_state["observations"].shape[1], buffer_state["actions"].shape[1]
     cpu = torch.device("cpu")
     build = module.build_td3 if algo == "td3" else module.build_sac
-    hyperparameters = checkpoint["hyperparameters"]
-    agents = {
-        precision: build(
-            obs_dim, action_dim, space.low, space.high, module.Args(**hyperparameters, bf16=precision == "bf16"), cpu
-        )  # fmt: skip
-        for precision in ("fp32", "bf16")
-    }
+    hyperparameters, low, high = checkpoint["hyperparameters"], space.low, space.high
+    fp32_agent, bf16_agent = (
+        build(obs_dim, action_dim, low, high, module.Args(**hyperparameters, bf16=bf16), cpu) for bf16 in (False, True)
+    )
     buffer = module.ReplayBuffer(len(buffer_state["rewards"]), obs_dim, action_dim, cpu)
     buffer.load_state_dict(buffer_state)
     torch.manual_seed(0)
@@ -113,20 +108,18 @@ def main():
     rows = []
     first, second = zip(*batches, strict=True)
     for network in ("critic", "actor"):
-        fp32 = gradients(agents["fp32"], checkpoint["agent"], first, network)
-        if not torch.equal(gradients(agents["fp32"], checkpoint["agent"], first[:1], network)[0], fp32[0]):
+        fp32 = gradients(fp32_agent, checkpoint["agent"], first, network)
+        if not torch.equal(gradients(fp32_agent, checkpoint["agent"], first[:1], network)[0], fp32[0]):
             print(f"bf16_gradients.py: fp32's {network} gradient of a batch differs between two calls", file=sys.stderr)
             return 1
-        errors = gradients(agents["bf16"], checkpoint["agent"], first, network) - fp32
-        other = gradients(agents["fp32"], checkpoint["agent"], second, network)
+        errors = gradients(bf16_agent, checkpoint["agent"], first, network) - fp32
+        other = gradients(fp32_agent, checkpoint["agent"], second, network)
         cosines = [cosine(error + reference, reference) for error, reference in zip(errors, fp32, strict=True)]
         other_cosines = [cosine(a, b) for a, b in zip(other, fp32, strict=True)]
         mean_error = errors.mean(0).norm()
-        rows.append(
-            f"| {network} | {statistics.median(cosines):.4f} [{min(cosines):.4f}, {max(cosines):.4f}] "
-            f"| {float(mean_error / fp32.mean(0).norm()):.3f} "
-            f"| {float(mean_error / errors.norm(dim=1).mean()):.2f} | {statistics.median(other_cosines):.3f} |"
-        )
+        bias, consistency = float(mean_error / fp32.mean(0).norm()), float(mean_error / errors.norm(dim=1).mean())
+        cells = f"{statistics.median(cosines):.4f} [{min(cosines):.4f}, {max(cosines):.4f}]", f"{bias:.3f}"
+        rows.append(table_row(network, *cells, f"{consistency:.2f}", f"{statistics.median(other_cosines):.3f}"))
     text = "\n".join([
         f"## --bf16 against fp32: the gradients of {algo.upper()}'s twin at step {checkpoint['global_step']:,}",
         "",
@@ -141,8 +134,6 @@ def main():
         *rows,
     ])  # fmt: skip
     print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
     return 0
 
 

@@ -1,6 +1,7 @@
 """What the tools of benchmarks/ share: the one-line error exit, the machine a figure was made on, a script of leanrl/
-imported as a module, and the results lines the scripts write (--results-path). Neither torch nor matplotlib is
-imported at module level: the tools that only read results, and rpc_agent_observer.py's workers, start fast."""
+imported as a module, the results lines the scripts write (--results-path), markdown tables. Neither torch nor
+matplotlib is imported at module level: the tools that only read results, and rpc_agent_observer.py's workers, start
+fast. Importing it puts leanrl/ on the path, where the scripts (and the tools) import run_utils from."""
 
 import argparse
 import importlib.util
@@ -9,9 +10,12 @@ import json
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
-LEANRL = Path(__file__).resolve().parent.parent / "leanrl"
+ROOT = Path(__file__).resolve().parent.parent
+LEANRL = ROOT / "leanrl"
+sys.path.insert(0, str(LEANRL))
 # The devices where run_utils.fast_bf16 holds, in words, for the tools' lines on --bf16.
 FAST_BF16 = "a CUDA GPU of compute capability 8+, AMX or an AMD CPU's AVX512-BF16"
 # The fields of a results line that the tables read.
@@ -31,6 +35,15 @@ class Parser(argparse.ArgumentParser):
         fail(message)
 
 
+def table_row(*cells):
+    return "| " + " | ".join(cells) + " |"
+
+
+def table_head(*names):
+    """A markdown table's header row and the rule under it."""
+    return [table_row(*names), "|---" * len(names) + "|"]
+
+
 def cpu_name():
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -43,8 +56,6 @@ def cpu_name():
 
 def describe_machine():
     import torch  # only here: reading and tabulating results needs no torch
-
-    sys.path.insert(0, str(LEANRL))
     from run_utils import fast_bf16
 
     return {
@@ -73,14 +84,32 @@ _loaded = itertools.count()
 def load_script(name):
     """A fresh module of leanrl/<name>.py, its definitions run (its run is under __main__): each call executes the
     file again, so its code objects, and torch.compile's caches keyed on them, are its own."""
-    if str(LEANRL) not in sys.path:
-        sys.path.insert(0, str(LEANRL))  # the scripts import run_utils from their folder
     module_name = f"leanrl_{name}_{next(_loaded)}"
     spec = importlib.util.spec_from_file_location(module_name, LEANRL / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses, pickling and torch.compile look modules up here
     spec.loader.exec_module(module)
     return module
+
+
+def env_steps_per_second(envs, num_envs, iterations, warmup, after_step=None):
+    """Env steps per second of vector envs (a step steps each of num_envs) over `iterations` steps after `warmup`,
+    random actions drawn before the clock starts; after_step(observations), if any, in each step."""
+    import gymnasium as gym  # only here, as numpy: the tools that read results need neither
+    import numpy as np
+
+    envs.reset()
+    envs.action_space.seed(0)
+    batched = isinstance(envs, (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv))  # envpool's: one env's actions
+    one = envs.action_space.sample
+    actions = [one() if batched else np.array([one() for _ in range(num_envs)]) for _ in range(iterations + warmup)]
+    for step, action in enumerate(actions):
+        if step == warmup:  # the warm-up steps make the first copies too (CUDA's start, pinned memory's allocation)
+            start = time.perf_counter()
+        observations = envs.step(action)[0]
+        if after_step:
+            after_step(observations)
+    return iterations * num_envs / (time.perf_counter() - start)
 
 
 def read_results(path):
@@ -95,8 +124,7 @@ def read_results(path):
             row = None
         if not isinstance(row, dict):
             fail(f"{path}, line {number}: not a JSON object")
-        missing = [field for field in FIELDS if field not in row]
-        if missing:
+        if missing := [field for field in FIELDS if field not in row]:
             fail(f"{path}, line {number}: no {', '.join(missing)} (not a --results-path line?)")
         rows.append(row)
     if not rows:

@@ -1,35 +1,26 @@
-"""The speed of a PPO script's envs alone: made as the script makes them, stepped with random actions, no agent.
-It is the ceiling of that script's sps on this machine, and a run's sps over it is the share of the time the agent
-leaves to the envs: a figure that travels between machines, where raw sps does not.
+"""The speed of a PPO script's envs alone: made as the script makes them (its defaults and wrappers; the Atari envs are
+also those of the distributed and the PQN Atari pairs), stepped with random actions, no agent. It is the ceiling of
+that script's sps on this machine, and a run's sps over it is the share of the time the agent leaves to the envs: a
+figure that travels between machines, where raw sps does not.
 
     python benchmarks/env_speed.py --repeats 3
     python benchmarks/env_speed.py --results runs/speedup/results.jsonl   # and each variant's sps against it
-
-ppo_continuous_action: its default --num-envs of its default env, with its wrappers (observation and reward
-normalisation, clipping, episode statistics), in a SyncVectorEnv with same-step autoreset, as its __main__ makes
-them. ppo_atari_envpool: its make_envs, with its defaults (envpool, a thread per env, num_envs 8 in one pool, as the
-Atari scripts and their twins make them), the envs of the distributed and the PQN Atari pairs too. Each repeat steps
---iterations times after --warmup, the actions drawn before the clock starts; the table gives the median env steps
-per second over repeats and their range. With --results (run.sh's results.jsonl, made on the same machine), each
-variant's median sps (of each pair these envs serve) is divided by the envs' median: 100% would be an agent that
-costs nothing.
-
     python benchmarks/env_speed.py --frames   # on a GPU: what copying ppo_atari_envpool's frames there costs
 
-With --frames, a second table: the Atari envs alone, then with each step's frames copied to the GPU, from pageable
-memory (`torch.as_tensor`) and the twin's way (its `make_frames_to_device`: through one pinned buffer), each waited
-for as the training loop waits for them, the three in turn in each repeat; and each copy's cost in microseconds a step.
+Each repeat steps --iterations times after --warmup; the table gives the median env steps per second over repeats and
+their range. With --results (run.sh's results.jsonl, from this machine), each variant's median sps is divided by the
+envs' median (100%: an agent that costs nothing). With --frames, a second table: the Atari envs alone, then with each
+step's frames copied to the GPU from pageable memory (`torch.as_tensor`) and through the twin's pinned buffer
+(`make_frames_to_device`), each waited for as the training loop does; and each copy's cost in us a step.
 """
 
 import argparse
 import pathlib
 import statistics
-import time
 
 import gymnasium as gym
-import numpy as np
 import torch
-from common import Parser, fail, load_script, read_results, variant  # benchmarks/ is on the path when this file runs
+from common import Parser, env_steps_per_second, fail, load_script, read_results, variant  # benchmarks/ on the path
 
 SCRIPTS = ("ppo_continuous_action", "ppo_atari_envpool")
 # The pairs whose runs a script's envs are the ceiling of: the Atari pairs make the same envs (the same make_envs).
@@ -43,27 +34,8 @@ def make_envs(name):
     args = module.Args()
     if hasattr(module, "make_envs"):  # the Atari scripts
         return args, module.make_envs(args.env_id, args.num_envs, args.seed)
-    envs = gym.vector.SyncVectorEnv(
-        [module.make_env(args.env_id, args.gamma) for _ in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
-    return args, envs
-
-
-def steps_per_second(envs, num_envs, iterations, warmup, after_step=None):
-    envs.reset()
-    envs.action_space.seed(0)
-    if isinstance(envs, gym.vector.SyncVectorEnv):  # its action space is the batch's
-        actions = [envs.action_space.sample() for _ in range(iterations + warmup)]
-    else:  # envpool: the space of one env's action
-        actions = [np.array([envs.action_space.sample() for _ in range(num_envs)]) for _ in range(iterations + warmup)]
-    for step, action in enumerate(actions):
-        if step == warmup:  # the warm-up steps make the first copies too (CUDA's start, pinned memory's allocation)
-            start = time.perf_counter()
-        obs = envs.step(action)[0]
-        if after_step:
-            after_step(obs)
-    return iterations * num_envs / (time.perf_counter() - start)
+    make = [module.make_env(args.env_id, args.gamma) for _ in range(args.num_envs)]
+    return args, gym.vector.SyncVectorEnv(make, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
 if __name__ == "__main__":
@@ -80,14 +52,13 @@ if __name__ == "__main__":
     if args.frames and not torch.cuda.is_available():
         fail("--frames copies frames to a GPU: torch sees no CUDA device")
     results = read_results(args.results) if args.results else []
+    timing = args.iterations, args.warmup  # each repeat's timed steps, after its warm-up
 
     print("| script | env | num_envs | env alone (steps/s) | variant | sps, median | sps / env alone |")
     print("|---|---|---|---|---|---|---|")
     for name in args.scripts:
         script_args, envs = make_envs(name)
-        rates = [
-            steps_per_second(envs, script_args.num_envs, args.iterations, args.warmup) for _ in range(args.repeats)
-        ]
+        rates = [env_steps_per_second(envs, script_args.num_envs, *timing) for _ in range(args.repeats)]
         envs.close()
         env_rate = statistics.median(rates)
         spread = f"[{min(rates):.0f}, {max(rates):.0f}]"
@@ -115,16 +86,13 @@ if __name__ == "__main__":
             "+ frames to the GPU, pinned (the twin's frames_to_device)": frames_to_device,
         }
 
-        def waited_for(copy):  # the policy needs the frames: a step waits for them
-            return lambda obs: (copy(obs), torch.cuda.current_stream().synchronize())
+        def waited_for(copy):  # the policy needs the frames: a step waits for them (envs alone: no copy)
+            return copy and (lambda obs: (copy(obs), torch.cuda.current_stream().synchronize()))
 
         rates = {label: [] for label in copies}
         for _ in range(args.repeats):
             for label, copy in copies.items():
-                after_step = copy and waited_for(copy)
-                rates[label].append(
-                    steps_per_second(envs, script_args.num_envs, args.iterations, args.warmup, after_step)
-                )
+                rates[label].append(env_steps_per_second(envs, script_args.num_envs, *timing, waited_for(copy)))
         envs.close()
         alone = statistics.median(rates["envs alone"])
         print(f"\n| {script_args.env_id}, {script_args.num_envs} envs | env steps/s, median [min, max] | us per step |")

@@ -69,8 +69,8 @@ smoke_flags() {
 
 smoke() { # $@: the pairs, named by their plain script
   mkdir -p "$out/smoke"
-  local pids=() names=()
   for script in "$@"; do
+    local pids=() names=()
     read -ra budget <<<"$(smoke_flags $script)"
     for variant in plain twin twin+compile twin+cudagraphs twin+compile+cudagraphs; do
       IFS=+ read -ra flags <<<"$variant"
@@ -100,7 +100,6 @@ smoke() { # $@: the pairs, named by their plain script
         echo "ok     ${names[$i]}: $(tr '\r' '\n' <"$log" | grep -v '^\s*$' | tail -n 1 | cut -c1-200)"
       fi
     done
-    pids=() names=()
   done
   cat "$out"/smoke/*.jsonl >"$out/smoke.jsonl"
 }

@@ -12,8 +12,6 @@ record DIR/<script>_<flags>_seed<S>.json (with, for an Atari game, --random-game
 command again skips the recorded seeds and resumes an interrupted one from its checkpoint (--checkpoint-every N),
 whose record so far is left beside it, hidden (.<record>: a copy without the dot is drawn as a run in progress). The
 first Ctrl-C or SIGTERM goes on to the run, which ends after its step, and the batch stops; a second kills the run.
---keep-model keeps each run's trained agent beside its record (.pt); --also-bf16 runs each seed again with --bf16
-(where bf16 is faster than fp32); --processes N runs a distributed script in a world of N processes (torchrun).
 
 plot: the records of one or more folders (records of [step, return] episodes, from before the tool recorded times,
 too): the mean return of the last --window training episodes against env steps, a curve per script, flags and world
@@ -37,24 +35,17 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 
 import matplotlib
 import numpy as np
-from common import (
-    FAST_BF16,
-    Parser,
-    describe_machine,
-    fail,
-    machine_text,
-)  # benchmarks/ is on the path when this file runs
+from common import FAST_BF16, ROOT, Parser, describe_machine, fail, machine_text, table_head, table_row
 
 matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 TOOL = "benchmarks/learning_curves.py"
 COLORS = plt.get_cmap("tab10").colors  # a run's colour, on both axes of its panel
 RECORD_FIELDS = {"script", "script_path", "algo", "env_id", "seed", "flags", "total_timesteps", "steps", "episodes"}
@@ -67,19 +58,10 @@ TRAINING = "training episodes"
 EVALUATION = "deterministic evaluation"  # the policy without exploration noise, on episodes apart from training
 
 
-@dataclass(frozen=True)
-class Reference:
-    """A published return at one step: the mean over seeds and one standard deviation over seeds."""
-
-    step: int
-    value: float
-    spread: float
-    seeds: int
-    kind: str  # TRAINING or EVALUATION
-    env_id: str  # the env it was measured on, whose version may differ from ours
-    source: str  # short, for the plot's legend
-    details: str  # how it was measured, for the table
-    last_episodes: int | None = None  # a TRAINING figure's mean over this many last episodes: ours is taken alike
+# A published return at a step: its mean and standard deviation (spread) over its seeds; kind, TRAINING or EVALUATION;
+# the env it was measured on, whose version may differ from ours; source, short, for the plot's legend; details, how it
+# was measured, for the table; a TRAINING figure's mean over its last_episodes (ours is then taken alike).
+Reference = namedtuple("Reference", "step value spread seeds kind env_id source details last_episodes", defaults=[None])
 
 
 def cleanrl(script, step, value, spread, env_id):
@@ -385,8 +367,7 @@ def read_folders(folders):
                 continue
             run = (record["script_path"], tuple(record["flags"]), record["world_size"])
             seeds = panels.setdefault((record["algo"], record["env_id"]), {}).setdefault(run, [])
-            twice = [other["folder"] for other in seeds if other["seed"] == record["seed"]]
-            if twice:
+            if twice := [other["folder"] for other in seeds if other["seed"] == record["seed"]]:
                 fail(f"seed {record['seed']} of `{run_name(*run)}` is in {twice[0]} and in {folder}: keep one")
             seeds.append({**record, "folder": folder})
     if not panels:
@@ -428,15 +409,13 @@ def random_policy(runs):
 
 
 def timed(record):
-    """Whether each episode of a record carries its wall-clock seconds (those written before the tool recorded them do
-    not)."""
+    """Whether each episode of a record carries its wall-clock seconds (not so in records older than the times)."""
     return all(len(episode) > 2 for episode in record["episodes"])
 
 
 def levels(ax, runs, reach):
     """The random policy's mean score as a dashed line, --reach as a dotted one; the legend below the axes."""
-    scores = random_policy(runs)
-    if scores:
+    if scores := random_policy(runs):
         ax.axhline(np.mean(scores), color="tab:red", ls="--", label=f"random policy ({len(scores)} games)")
     if reach is not None:
         ax.axhline(reach, color="tab:green", ls=":", label=f"--reach {reach:g}")
@@ -467,8 +446,7 @@ def steps_axes(ax, algo, env_id, runs, window, reach):
         ax.errorbar(steps, values, yerr=spreads, fmt="o" if kind == TRAINING else "D", capsize=4,
                     color=("black", "dimgray", "gray", "darkgray")[index % 4],
                     label=f"{source}, {ref_env}: {kind}, {seeds} seeds")  # fmt: skip
-    ax.set_title(f"{algo} on {env_id}")
-    ax.set_xlabel("environment steps (all envs)")
+    ax.set(title=f"{algo} on {env_id}", xlabel="environment steps (all envs)")
     ax.xaxis.set_major_formatter(EngFormatter())
     levels(ax, runs, reach)
 
@@ -484,15 +462,13 @@ def time_axes(ax, algo, env_id, runs, window, reach):
             _, returns, seconds = np.array(record["episodes"], dtype=float).reshape(-1, 3).T
             means = window_means(returns, np.arange(1, len(returns) + 1), window)
             ax.plot(seconds / per_unit, means, color=color, linewidth=1, drawstyle="steps-post")  # as on the left
-        untimed = [str(record["seed"]) for record in records if not timed(record)]
-        if untimed:
+        if untimed := [str(record["seed"]) for record in records if not timed(record)]:
             label = f"left out, no wall-clock times recorded: {run_name(*run)} (seed{'s' * (len(untimed) > 1)} "
             ax.plot([], [], " ", label=textwrap.fill(f"{label}{', '.join(untimed)})", 100))
-    ax.set_title(f"{algo} on {env_id}, against wall-clock time")
     if not any(timed(record) for records in runs.values() for record in records):
         ax.text(0.5, 0.5, "no record here has wall-clock times", transform=ax.transAxes, ha="center", va="center")
         ax.set(xticks=[], yticks=[])
-    ax.set_xlim(left=0)
+    ax.set(title=f"{algo} on {env_id}, against wall-clock time", xlim=(0, None))
     ax.set_xlabel(f"wall-clock time of the run ({unit}), earlier sittings included")
     levels(ax, runs, reach)
 
@@ -529,9 +505,8 @@ def ours(records, step, count):
 
 
 def first_reach(record, value, count):
-    """(env step, seconds) at the end of the first episode at which the mean return of the last `count` episodes is
-    `value` or more, counted once `count` episodes have ended; seconds None for a record without times; None if
-    never."""
+    """(env step, seconds: None without times) at the end of the first episode at which the mean return of the last
+    `count` episodes is `value` or more, counted once `count` episodes have ended; None if never."""
     episodes = record["episodes"]
     if len(episodes) < count:
         return None
@@ -545,24 +520,23 @@ def first_reach(record, value, count):
 
 def reach_rows(runs, value, count):
     """Per run and seed, the minutes and env step at which it first reaches `value`, then their mean over seeds."""
-    lines = [row("run", "seed", "minutes", "env step"), "|---" * 4 + "|"]
+    lines = table_head("run", "seed", "minutes", "env step")
     for run_key, records in runs.items():
         run = f"`{run_name(*run_key)}`"
         reaches = [first_reach(record, value, count) for record in records]
         for record, reach in zip(records, reaches, strict=True):
+            seed, ends = str(record["seed"]), f"{record['steps']:,} steps, {record['wall_seconds'] / 60:.1f} min"
             if reach is None:
-                end = f"not reached (run ends at {record['steps']:,} steps, {record['wall_seconds'] / 60:.1f} min)"
-                lines.append(row(run, str(record["seed"]), end, "–"))
+                lines.append(table_row(run, seed, f"not reached (run ends at {ends})", "–"))
             else:
-                minutes = "–" if reach[1] is None else f"{reach[1] / 60:.1f}"
-                lines.append(row(run, str(record["seed"]), minutes, f"{reach[0]:,}"))
+                lines.append(table_row(run, seed, "–" if reach[1] is None else f"{reach[1] / 60:.1f}", f"{reach[0]:,}"))
         if None in reaches:
             reaching = len(reaches) - reaches.count(None)
-            lines.append(row(run, "mean", f"{reaching} of {len(reaches)} seeds reach it", "–"))
+            lines.append(table_row(run, "mean", f"{reaching} of {len(reaches)} seeds reach it", "–"))
         else:
             seconds = [seconds for _, seconds in reaches]
             minutes = "–" if None in seconds else f"{np.mean(seconds) / 60:.1f}"
-            lines.append(row(run, "mean", minutes, f"{np.mean([step for step, _ in reaches]):,.0f}"))
+            lines.append(table_row(run, "mean", minutes, f"{np.mean([step for step, _ in reaches]):,.0f}"))
     return lines
 
 
@@ -576,27 +550,23 @@ def bf16_rows(runs, window):
         if "--bf16" not in flags or fp32 is None:
             continue
         run, budget = f"`{run_name(script_path, flags, world_size)}`", bf16[0]["total_timesteps"]
-        lines = lines or [
-            row("step", "run", "bf16, mean over seeds", "fp32 seeds", "band", "bf16 lies"),
-            "|---" * 6 + "|",
-        ]
+        lines = lines or table_head("step", "run", "bf16, mean over seeds", "fp32 seeds", "band", "bf16 lies")
         sides = []  # per step: where bf16 lies against the band, None where that is not known yet
         for step in (budget // 2, budget):
             values = at_step(bf16 + fp32, step, window)
             if isinstance(values, str):
                 sides.append(None)
-                lines.append(row(f"{step:,}", run, "–", "–", "–", values))
+                lines.append(table_row(f"{step:,}", run, "–", "–", "–", values))
                 continue
             bf16_values, fp32_values = values[: len(bf16)], values[len(bf16) :]
             margin = 0.1 * abs(np.mean(fp32_values))
             low, high, mean = min(fp32_values) - margin, max(fp32_values) + margin, np.mean(bf16_values)
             sides.append("inside" if low <= mean <= high else "above" if mean > high else "below")
             per_seed = ", ".join(f"{r['seed']}: {value:.1f}" for r, value in zip(fp32, fp32_values, strict=True))
-            lines.append(
-                row(f"{step:,}", run, f"{mean:.1f}", per_seed, f"{low:.1f} to {high:.1f}", f"{sides[-1]} the band")
-            )
+            band = f"{low:.1f} to {high:.1f}"
+            lines.append(table_row(f"{step:,}", run, f"{mean:.1f}", per_seed, band, f"{sides[-1]} the band"))
         verdict = "**the same learning**" if sides == ["inside", "inside"] else "**not the same learning**"
-        lines.append(row("verdict", run, "–", "–", "–", "not decided yet" if None in sides else verdict))
+        lines.append(table_row("verdict", run, "–", "–", "–", "not decided yet" if None in sides else verdict))
     return lines
 
 
@@ -609,10 +579,6 @@ def run_command(script_path, flags, world_size, records):
     seeds = " ".join(str(record["seed"]) for record in records)
     command = f"{prefix}python {TOOL} run --script {script}{processes} --seeds {seeds}"
     return f"{command} --out {shown_path(records[0]['folder'])}" + (f" -- {shlex.join(flags)}" if flags else "")
-
-
-def row(*cells):
-    return "| " + " | ".join(cells) + " |"
 
 
 def table(panels, window, image, plot_command, reach=None):
@@ -628,37 +594,31 @@ def table(panels, window, image, plot_command, reach=None):
                   f"episode at which the mean return of the last {window} is {reach:g} or more, then their mean over "
                   "seeds. A record written before the tool recorded times gives the step only.", ""]  # fmt: skip
     for (algo, env_id), runs in panels.items():
-        published = references(algo, env_id)
-        lines += [f"## {algo} on {env_id}", "", row("step", "run", "ours", "per seed", "ours averages", "published",
-                                                     "kind", "source"), "|---" * 8 + "|"]  # fmt: skip
+        published, panel = references(algo, env_id), f"{algo} on {env_id}"
+        lines += [f"## {panel}", ""]
+        lines += table_head("step", "run", "ours", "per seed", "ours averages", "published", "kind", "source")
         for run_key, records in runs.items():
             run = f"`{run_name(*run_key)}`"
             for reference in published:
                 count = reference.last_episodes or window
                 cells = [f"{reference.step:,}", run, *ours(records, reference.step, count), f"last {count} episodes"]
                 cells += [f"{reference.value:g} ± {reference.spread:g} ({reference.seeds} seeds)", reference.kind]
-                lines.append(row(*cells, f"{reference.details}, {reference.env_id}"))
+                lines.append(table_row(*cells, f"{reference.details}, {reference.env_id}"))
             budget, reached = records[0]["total_timesteps"], min(record["steps"] for record in records)
             end = min(budget, reached)  # a run in progress: as far as it has got
             if end not in {reference.step for reference in published}:
                 step = f"{end:,} (end)" if end == budget else f"{end:,} (in progress, of {budget:,})"
-                lines.append(row(step, run, *ours(records, end, window), f"last {window} episodes", "–", "–", "–"))
-        versions = sorted({reference.env_id for reference in published} - {env_id})
-        if versions:
+                cells = *ours(records, end, window), f"last {window} episodes", "–", "–", "–"
+                lines.append(table_row(step, run, *cells))
+        if versions := sorted({reference.env_id for reference in published} - {env_id}):
             lines += ["", f"The published figures are on {', '.join(versions)}; ours on {env_id}."]
-        scores = random_policy(runs)
-        if scores:
+        if scores := random_policy(runs):
             lines += ["", f"A uniformly random policy scores {np.mean(scores):.2f} over {len(scores)} games."]
         if reach is not None:
-            lines += [
-                "",
-                f"### {algo} on {env_id}: when the return reaches {reach:g}",
-                "",
-                *reach_rows(runs, reach, window),
-            ]
+            lines += ["", f"### {panel}: when the return reaches {reach:g}", "", *reach_rows(runs, reach, window)]
         bf16 = bf16_rows(runs, window)
         if bf16:
-            lines += ["", f"### {algo} on {env_id}: --bf16 against fp32", "",
+            lines += ["", f"### {panel}: --bf16 against fp32", "",
                       f"bf16's mean over seeds of the mean return of the last {window} episodes, at half the budget "
                       "and at its end, against the band written down before any comparison was run: the fp32 seeds' "
                       "range widened by 10% of their mean on each side. In the band at both steps: the same "
@@ -666,16 +626,13 @@ def table(panels, window, image, plot_command, reach=None):
                       *bf16]  # fmt: skip
         lines.append("")
     lines += ["## Commands", ""]
-    for runs in panels.values():
-        for run_key, records in runs.items():
-            for folder in dict.fromkeys(record["folder"] for record in records):
-                in_folder = [record for record in records if record["folder"] == folder]
-                hours = ", ".join(f"{record['wall_seconds'] / 3600:.2f}" for record in in_folder)
-                machines = "; ".join(sorted({machine_text(record["machine"]) for record in in_folder}))
-                versions = ", ".join(sorted({record["machine"]["torch"] for record in in_folder}))
-                lines.append(
-                    f"- `{run_command(*run_key, in_folder)}`: runs of {hours} h on {machines}, torch {versions}"
-                )
+    for run_key, records in (run for runs in panels.values() for run in runs.items()):
+        for folder in dict.fromkeys(record["folder"] for record in records):
+            in_folder = [record for record in records if record["folder"] == folder]
+            hours = ", ".join(f"{record['wall_seconds'] / 3600:.2f}" for record in in_folder)
+            machines = "; ".join(sorted({machine_text(record["machine"]) for record in in_folder}))
+            versions = ", ".join(sorted({record["machine"]["torch"] for record in in_folder}))
+            lines.append(f"- `{run_command(*run_key, in_folder)}`: runs of {hours} h on {machines}, torch {versions}")
     return "\n".join([*lines, f"- `{plot_command}`: this table and the plot", ""])
 
 
@@ -716,8 +673,7 @@ def main():
     args = parser.parse_args(argv)
 
     if args.command == "run":
-        run_batch(script_file(args.script), flags, args)
-        return
+        return run_batch(script_file(args.script), flags, args)
     if flags:
         fail("plot takes no script flags")
     if args.window <= 0:

@@ -1,13 +1,12 @@
 """Micro-benchmark: action selection and one update of each algorithm, eager against compile configurations.
 
-The agents are the scripts' own (their `build_*` functions), timed in isolation on random inputs: action
-selection at batch 1, 4, 16 and 256 (PPO Atari: 8, its envs' count), and one update at the training batch size. Each
-configuration gets a fresh copy of the script, so compiled code is never shared between configurations. All
-configurations are compiled first, then timed in turn within each repeat (a slow spell of a shared machine hits them
-alike); times are medians over the repeats of many calls each, and the speed-up is against the plain script in eager
-mode. "twin --compile, cpp_wrapper" calls the compiled code from generated C++ (the continuous PPO twin's choice on a
-CPU). The --bf16 configurations (SAC, TD3, PPO Atari: the twins with the switch) run only where the device computes bf16
-faster than fp32 (run_utils.fast_bf16); elsewhere a line says they are skipped.
+The agents are the scripts' own (their `build_*` functions), timed in isolation on random inputs: action selection at
+batch 1, 4, 16 and 256 (PPO Atari: 8, its envs' count), and one update at the training batch size. Each configuration
+loads a fresh copy of the script. All configurations are compiled first, then timed in turn within each repeat (a slow
+spell of a shared machine hits them alike); times are medians over the repeats of many calls each, and the speed-up is
+against the plain script in eager mode. "twin --compile, cpp_wrapper" calls the compiled code from generated C++ (the
+continuous PPO twin's choice on a CPU). The --bf16 configurations (SAC, TD3, PPO Atari: the twins with the switch) run
+only where the device computes bf16 faster than fp32 (run_utils.fast_bf16); elsewhere a line says they are skipped.
 
 A second table puts each update next to its matmul floor, measured in the same run: the matrix products (and PPO
 Atari's convolutions) that the twin's update makes, recorded with their shapes, strides and dtypes, replayed alone on
@@ -16,7 +15,6 @@ in bf16). Their FLOPs divided by that time is this machine's fp32 rate at those 
 would take if it did nothing but these products.
 
     python benchmarks/micro_benchmark.py                         # every algorithm, on CPU (and CUDA if present)
-    python benchmarks/micro_benchmark.py --algos sac --repeats 7 --out micro.md
     python benchmarks/micro_benchmark.py --algos sac td3 --configs "plain (eager)" "twin --compile" \
         "twin --compile --bf16" --repeats 9                       # bf16 against fp32, each against its floor
     python benchmarks/micro_benchmark.py --algos dqn --configs "plain (eager)" "twin (eager)" --repeats 1 --calls 2
@@ -27,7 +25,6 @@ import argparse
 import itertools
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -35,20 +32,17 @@ import numpy as np
 import torch
 import torch._dynamo.config
 import torch._inductor.config
-from common import cpu_name, load_script  # benchmarks/ is on the path when this file runs
+from common import Parser, cpu_name, fail, load_script, table_head, table_row  # benchmarks/ is on the path
+from run_utils import fast_bf16  # from leanrl/, which common puts on the path
 from tensordict import TensorDict
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "leanrl"))  # the scripts import run_utils from their folder
-import run_utils  # noqa: E402
 
 OBS_DIM, ACTION_DIM = 17, 6  # HalfCheetah-v5
 CARTPOLE_OBS_DIM, CARTPOLE_ACTIONS = 4, 2  # DQN's default env, CartPole-v1
 ATARI_FRAMES, ATARI_ACTIONS = (4, 84, 84), 4  # PPO Atari's stacked frames; Breakout-v5's actions
 ACTION_BATCHES = (1, 4, 16, 256)
-_module_counter = itertools.count()
+BOUNDS = -np.ones(ACTION_DIM, dtype=np.float32), np.ones(ACTION_DIM, dtype=np.float32)  # HalfCheetah's actions
 
 
 def replay_batch(batch_size, device):
@@ -147,20 +141,9 @@ def dqn_act(agent, obs, which):
     return agent.greedy_actions(obs)
 
 
-def build_off_policy(builder):
-    def build(module, args, device):
-        low, high = -np.ones(ACTION_DIM, dtype=np.float32), np.ones(ACTION_DIM, dtype=np.float32)
-        return getattr(module, builder)(OBS_DIM, ACTION_DIM, low, high, args, device)
-
-    return build
-
-
-def build_ppo(module, args, device):
-    return module.build_ppo(OBS_DIM, ACTION_DIM, args, device)
-
-
-def build_ppo_atari(module, args, device):
-    return module.build_ppo(ATARI_ACTIONS, args, device)
+def builder(name, *dims):
+    """The agent of the script's build_<name>(*dims, args, device)."""
+    return lambda module, args, device: getattr(module, f"build_{name}")(*dims, args, device)
 
 
 def build_dqn(module, args, device):
@@ -180,15 +163,15 @@ def frames(batch, device):
 # algorithm -> plain script (the twin adds _torchcompile), builder, one training step's update, its batch size, the
 # maker of such a batch, the call that selects actions, the maker of its observations and the batches it is timed at.
 ALGOS = {
-    "sac": ("sac_continuous_action", build_off_policy("build_sac"), off_policy_update, 256, replay_batch, policy_act,
-            vectors(OBS_DIM), ACTION_BATCHES),
-    "td3": ("td3_continuous_action", build_off_policy("build_td3"), off_policy_update, 256, replay_batch, policy_act,
-            vectors(OBS_DIM), ACTION_BATCHES),
-    "ppo_continuous": ("ppo_continuous_action", build_ppo, ppo_update, 64, ppo_minibatch, policy_act,
-                       vectors(OBS_DIM), ACTION_BATCHES),
+    "sac": ("sac_continuous_action", builder("sac", OBS_DIM, ACTION_DIM, *BOUNDS), off_policy_update, 256, replay_batch,
+            policy_act, vectors(OBS_DIM), ACTION_BATCHES),
+    "td3": ("td3_continuous_action", builder("td3", OBS_DIM, ACTION_DIM, *BOUNDS), off_policy_update, 256, replay_batch,
+            policy_act, vectors(OBS_DIM), ACTION_BATCHES),
+    "ppo_continuous": ("ppo_continuous_action", builder("ppo", OBS_DIM, ACTION_DIM), ppo_update, 64, ppo_minibatch,
+                       policy_act, vectors(OBS_DIM), ACTION_BATCHES),
     "dqn": ("dqn", build_dqn, dqn_update, 128, dqn_batch, dqn_act, vectors(CARTPOLE_OBS_DIM), ACTION_BATCHES),
-    "ppo_atari": ("ppo_atari_envpool", build_ppo_atari, ppo_atari_update, 256, atari_minibatch, atari_act, frames,
-                  (8,)),
+    "ppo_atari": ("ppo_atari_envpool", builder("ppo", ATARI_ACTIONS), ppo_atari_update, 256, atari_minibatch, atari_act,
+                  frames, (8,)),
 }  # fmt: skip
 
 # configuration -> (which script, the twin's flags, inductor options patched while compiling, device types).
@@ -267,9 +250,9 @@ class MatmulRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def prepare_matmul_floors(algo, device, bf16=False):
-    """(the update's FLOPs, {("matmul floor", batch): a call that replays alone the matrix products of one update of
-    the eager twin (with bf16, the --bf16 twin's)})."""
+def prepare_matmul_floor(algo, device, bf16=False):
+    """(the FLOPs of one update of the eager twin (with bf16, the --bf16 twin's), a call that replays alone its matrix
+    products on random tensors of their shapes, strides and dtypes)."""
     plain_name, build, update, train_batch, make_batch, *_ = ALGOS[algo]
     module = load_script(f"{plain_name}_torchcompile")
     torch.manual_seed(0)
@@ -277,55 +260,39 @@ def prepare_matmul_floors(algo, device, bf16=False):
     data = make_batch(train_batch, device)
     for _ in range(3):
         update(agent, data, "twin")
-    steps = {"matmul floor": lambda: update(agent, data, "twin")}
+    with FlopCounterMode(display=False) as flop_counter, MatmulRecorder() as recorder:
+        update(agent, data, "twin")
 
     def random_tensor(shape, stride, dtype):
         storage_size = 1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
         return torch.randn(storage_size, device=device, dtype=dtype).as_strided(shape, stride)
 
-    def replay_of(recorder):
-        replay = [
-            (func, [random_tensor(*a) if isinstance(a, tuple) else a for a in layouts], kwargs)
-            for func, layouts, kwargs in recorder.calls
-        ]
+    replay = [
+        (func, [random_tensor(*a) if isinstance(a, tuple) else a for a in layouts], kw)
+        for func, layouts, kw in recorder.calls
+    ]
 
-        def run_matmuls():
-            for func, args, kwargs in replay:
-                func(*args, **kwargs)
+    def run_matmuls():
+        for func, args, kwargs in replay:
+            func(*args, **kwargs)
 
-        for _ in range(10):
-            run_matmuls()
-        return run_matmuls
-
-    flops, floors = {}, {}
-    for measure, step in steps.items():
-        with FlopCounterMode(display=False) as flop_counter, MatmulRecorder() as recorder:
-            step()
-        flops[measure] = flop_counter.get_total_flops()
-        floors[(measure, train_batch)] = replay_of(recorder)
-    return flops["matmul floor"], floors
-
-
-def has_bf16(algo):
-    """Whether the algorithm's twin has --bf16."""
-    return hasattr(load_script(f"{ALGOS[algo][0]}_torchcompile").Args, "bf16")
+    for _ in range(10):
+        run_matmuls()
+    return flop_counter.get_total_flops(), {("matmul floor", train_batch): run_matmuls}
 
 
 def measure(algo, configs, device, repeats):
     """{configuration: {(measure, batch): median seconds per call}}, and the update's FLOPs; "matmul floor" holds the
-    floor of the update; "matmul floor (bf16)" that of the --bf16
-    twin, when a --bf16 configuration is among them.
-
-    Every configuration is compiled first; then each repeat times every call of every configuration in turn,
-    the matmul floor among them, so that a slow spell of a shared machine hits all of them alike.
-    """
+    floor of the update, "matmul floor (bf16)" that of the --bf16 twin when a --bf16 configuration is among them.
+    Every configuration is compiled first; then each repeat times every call of every configuration in turn, the
+    floors among them, so that a slow spell of a shared machine hits all of them alike."""
     calls = {}
     for config in configs:
         print(f"{algo} on {device.type}: compiling and warming up {config}", flush=True)
         calls[config] = prepare(algo, config, device)
-    flops, calls["matmul floor"] = prepare_matmul_floors(algo, device)
+    flops, calls["matmul floor"] = prepare_matmul_floor(algo, device)
     if any(CONFIGS[config][1].get("bf16") for config in configs):
-        calls["matmul floor (bf16)"] = prepare_matmul_floors(algo, device, bf16=True)[1]
+        calls["matmul floor (bf16)"] = prepare_matmul_floor(algo, device, bf16=True)[1]
     times = {config: {key: [] for key in config_calls} for config, config_calls in calls.items()}
     for repeat in range(repeats):
         print(f"{algo} on {device.type}: timing, repeat {repeat + 1} of {repeats}", flush=True)
@@ -337,28 +304,22 @@ def measure(algo, configs, device, repeats):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--devices", nargs="+", default=None, help="default: cpu, and cuda when present")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None, help="also write the markdown table to this file")
-    parser.add_argument(
-        "--calls",
-        type=int,
-        default=None,
-        help="calls per timed run (default: 200 to act, 50 to update and for the matmul floor)",
-    )
+    parser.add_argument("--calls", type=int, help="calls per timed run (default: 200 to act, 50 to update and floor)")
     args = parser.parse_args()
-    if args.repeats <= 0:
-        parser.error("--repeats must be positive")
-    if args.calls is not None:
-        if args.calls <= 0:
-            parser.error("--calls must be positive")
+    for flag, count in (("--repeats", args.repeats), ("--calls", args.calls)):
+        if count is not None and count <= 0:
+            fail(f"{flag} must be positive")
+    if args.calls:
         CALLS_PER_TIMING.update(dict.fromkeys(CALLS_PER_TIMING, args.calls))
     devices = args.devices or ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     if "cuda" in devices and not torch.cuda.is_available():
-        parser.error("--devices cuda: no CUDA device here")
+        fail("--devices cuda: no CUDA device here")
     # Each batch size of action selection gets its own static graph, as in a real run (one batch size each).
     torch._dynamo.config.automatic_dynamic_shapes = False
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * len(ACTION_BATCHES))
@@ -366,42 +327,28 @@ def main():
     machine = f"CPU: {cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
     if "cuda" in devices:
         machine += f"; GPU: {torch.cuda.get_device_name()}"
-    lines = [
-        f"{machine}; torch {torch.__version__}; median of {args.repeats} repeats",
-        "",
-        "| algorithm | device | measure | batch | configuration | us per call | calls/s | speed-up |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    floors = {}  # (algo, device type) -> (FLOPs, floor, {configuration: update seconds})
+    header = ("algorithm", "device", "measure", "batch", "configuration", "us per call", "calls/s", "speed-up")
+    lines = [f"{machine}; torch {torch.__version__}; median of {args.repeats} repeats", "", *table_head(*header)]
+    floors = {}  # (algo, device type) -> (the update's FLOPs, what measure() measured)
     for algo, device_type in itertools.product(args.algos, devices):
         device = torch.device(device_type)
         configs = [config for config in args.configs if device_type in CONFIGS[config][3]]
-        twin_has_bf16 = has_bf16(algo)
-        if not twin_has_bf16 or not run_utils.fast_bf16(device):
+        twin_has_bf16 = hasattr(load_script(f"{ALGOS[algo][0]}_torchcompile").Args, "bf16")
+        if not twin_has_bf16 or not fast_bf16(device):
             skipped = [config for config in configs if CONFIGS[config][1].get("bf16")]
             configs = [config for config in configs if config not in skipped]
             if skipped:
                 why = "has no --bf16" if not twin_has_bf16 else f"{device} does not compute bf16 faster than fp32"
                 print(f"{algo} on {device_type}: skipping {', '.join(skipped)}: its twin {why}", flush=True)
         measured, flops = measure(algo, configs, device, args.repeats)
-        train_batch = ALGOS[algo][3]
-        floor_of = measured.pop("matmul floor")
-        bf16_floor_of = measured.pop("matmul floor (bf16)", {})
-        floors[(algo, device_type)] = (
-            flops,
-            floor_of[("matmul floor", train_batch)],
-            {config: measured[config][("update", train_batch)] for config in configs},
-            bf16_floor_of.get(("matmul floor", train_batch)),
-        )
+        floors[(algo, device_type)] = flops, measured
         baseline = measured.get("plain (eager)")
         for key in measured[configs[0]]:
             for config in configs:
                 seconds = measured[config][key]
                 speedup = f"{baseline[key] / seconds:.2f}x" if baseline else "n/a"
-                lines.append(
-                    f"| {algo} | {device_type} | {key[0]} | {key[1]} | {config} | {seconds * 1e6:.0f} | "
-                    f"{1 / seconds:.0f} | {speedup} |"
-                )
+                cells = config, f"{seconds * 1e6:.0f}", f"{1 / seconds:.0f}", speedup
+                lines.append(table_row(algo, device_type, *map(str, key), *cells))
     if "plain (eager)" in args.configs and "twin --compile" in args.configs:
         lines += [
             "",
@@ -410,18 +357,16 @@ def main():
             " twin --compile --bf16, us (x bf16 floor) |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for (algo, device_type), (flops, floor, updates, bf16_floor) in floors.items():
-            plain, twin, bf16 = (
-                updates["plain (eager)"],
-                updates["twin --compile"],
-                updates.get("twin --compile --bf16"),
-            )
-            bf16_cells = f"{bf16_floor * 1e6:.0f} | {bf16 * 1e6:.0f} ({bf16 / bf16_floor:.2f}x)" if bf16 else "– | –"
-            lines.append(
-                f"| {algo} | {device_type} | {ALGOS[algo][3]} | {flops / 1e9:.3f} | {floor * 1e6:.0f} | "
-                f"{flops / floor / 1e9:.0f} | {plain * 1e6:.0f} ({plain / floor:.2f}x) | "
-                f"{twin * 1e6:.0f} ({twin / floor:.2f}x) | {bf16_cells} |"
-            )
+        for (algo, device_type), (flops, measured) in floors.items():
+            update, floor_key = ("update", ALGOS[algo][3]), ("matmul floor", ALGOS[algo][3])
+            plain, twin = measured["plain (eager)"][update], measured["twin --compile"][update]
+            floor, bf16_cells = measured["matmul floor"][floor_key], "– | –"
+            if "twin --compile --bf16" in measured:
+                bf16, bf16_floor = measured["twin --compile --bf16"][update], measured["matmul floor (bf16)"][floor_key]
+                bf16_cells = f"{bf16_floor * 1e6:.0f} | {bf16 * 1e6:.0f} ({bf16 / bf16_floor:.2f}x)"
+            cells = [f"{flops / 1e9:.3f}", f"{floor * 1e6:.0f}", f"{flops / floor / 1e9:.0f}"]
+            cells += [f"{update * 1e6:.0f} ({update / floor:.2f}x)" for update in (plain, twin)]
+            lines.append(table_row(algo, device_type, str(ALGOS[algo][3]), *cells, bf16_cells))
     table = "\n".join(lines)
     print("\n" + table)
     if args.out:

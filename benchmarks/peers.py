@@ -34,9 +34,8 @@ import time
 from collections import namedtuple
 from pathlib import Path
 
-from common import FAST_BF16, Parser, describe_machine, fail, machine_text  # benchmarks/ is on the path
+from common import FAST_BF16, ROOT, Parser, describe_machine, fail, machine_text, table_head, table_row
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 PEER_REPOS = {
     "leanrl": ("LeanRL", "github.com/meta-pytorch/LeanRL"),
     "cleanrl": ("CleanRL", "github.com/vwxyzjn/cleanrl"),
@@ -47,58 +46,37 @@ OURS_FLAGS = "--compile"  # our twin's flags in every pair
 BF16 = "--bf16"
 BF16_FIELD = re.compile(r"^    bf16: bool", re.MULTILINE)
 
-# An edit of a peer script: `old` must be found exactly `count` times, and each becomes `new`.
-Edit = namedtuple("Edit", "name reason old new count", defaults=(1,))
+# An edit of a peer script: `old` must be found exactly `count` times, and each becomes `new`. Why each is made:
+# docs/peers.md's table of the edits, by name.
+Edit = namedtuple("Edit", "name old new count", defaults=(1,))
 
-SAME_STEP_REASON = (
-    "gymnasium 1.x resets an ended env on the next step by default; the script expects the reset in the same step, "
-    "with the ended episode's last observation and info in final_obs and final_info"
-)
-FINAL_OBS_REASON = "gymnasium 1.x names an ended episode's last observation final_obs (final_observation before)"
-FINAL_INFO_REASON = (
-    "gymnasium 1.x gives final_info as one dict of arrays over the envs, with a mask of the envs whose episode ended "
-    "(_episode), not a list of one dict per env"
-)
-ENVPOOL_PROPERTIES_REASON = (
-    "envpool 1.2.5's envs have these attributes as read-only properties, with the values the script sets"
-)
-DETACHED_REASON = (
-    "tensordict 0.15's to_module turns a plain tensor written over a parameter into a parameter that requires grad "
-    "(preserve_module_state=True, its new default); the script writes detached weights (an acting copy, targets), "
-    "which stay plain, as they were written to be, with preserve_module_state=False"
-)
 ENDED_RETURNS = '            for r in infos["final_info"]["episode"]["r"][infos["final_info"]["_episode"]]:\n'
 ENVPOOL_PROPERTIES = (
     "    envs.num_envs = args.num_envs\n    envs.single_action_space = envs.action_space\n"
     "    envs.single_observation_space = envs.observation_space\n"
 )
 # fmt: off
-SAME_STEP_ONE_ENV = Edit("same-step-autoreset", SAME_STEP_REASON,
-                         "[make_env(args.env_id, args.seed, 0, args.capture_video, run_name)])",
+SAME_STEP_ONE_ENV = Edit("same-step-autoreset", "[make_env(args.env_id, args.seed, 0, args.capture_video, run_name)])",
                          "[make_env(args.env_id, args.seed, 0, args.capture_video, run_name)], "
                          "autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)")
-SAME_STEP_N_ENVS = Edit("same-step-autoreset", SAME_STEP_REASON, "for i in range(args.num_envs)]\n    )",
+SAME_STEP_N_ENVS = Edit("same-step-autoreset", "for i in range(args.num_envs)]\n    )",
                         "for i in range(args.num_envs)],\n        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,"
                         "\n    )")
-FINAL_OBS = Edit("final-obs", FINAL_OBS_REASON, 'infos["final_observation"][idx]', 'infos["final_obs"][idx]')
+FINAL_OBS = Edit("final-obs", 'infos["final_observation"][idx]', 'infos["final_obs"][idx]')
 FINAL_INFO_RESHAPED, FINAL_INFO_FLOAT = (
-    Edit("final-info-dict", FINAL_INFO_REASON + ": the returns of the ended episodes are read through that mask",
+    Edit("final-info-dict",
          f'            for info in infos["final_info"]:\n                r = float(info["episode"]["r"]{reshape})\n',
          ENDED_RETURNS + "                r = float(r)\n")
     for reshape in ('.reshape(())', ''))
-FINAL_INFO_ONE_ENV = Edit("final-info-dict", FINAL_INFO_REASON + ": the script steps one env, whose info that dict is, "
-                          "so it stands for the list", '            for info in infos["final_info"]:\n',
+FINAL_INFO_ONE_ENV = Edit("final-info-dict", '            for info in infos["final_info"]:\n',
                           '            for info in [infos["final_info"]]:\n')
-GYMNASIUM_IMPORT = Edit("gymnasium-import", "gym is not installed (gym 0.26 does not run on numpy 2); envpool 1.2.5 "
-                        "makes gymnasium envs (env_type 'gym' is its alias for 'gymnasium'), whose spaces the script's "
-                        "assert checks", "\nimport gym\n", "\nimport gymnasium as gym\n")
-RESET_INFO = "gymnasium's reset returns (observations, info)"
+GYMNASIUM_IMPORT = Edit("gymnasium-import", "\nimport gym\n", "\nimport gymnasium as gym\n")
 # fmt: on
 
 
 def detached(call):
     """The to_module call `call(...)` (its text up to the closing parenthesis) with preserve_module_state=False."""
-    return Edit("to_module-detached", DETACHED_REASON, call + ")", call + ", preserve_module_state=False)")
+    return Edit("to_module-detached", call + ")", call + ", preserve_module_state=False)")
 
 
 # CleanRL's scripts print an sps counted from step 0; this line after it gives each point's global step and clock.
@@ -109,13 +87,7 @@ PRINTED_SPS = re.compile(r"^SPS: (\d+)$", re.MULTILINE)
 
 def sps_points(indent):
     old = " " * indent + 'print("SPS:", int(global_step / (time.time() - start_time)))\n'
-    return Edit(
-        "sps-points",
-        "its SPS counts from step 0, with the JIT compile and the random warm-up: a line with each point's global "
-        "step and clock (time.perf_counter) gives the steady-state sps between two points",
-        old,
-        old + " " * indent + POINT_PRINT + "\n",
-    )
+    return Edit("sps-points", old, old + " " * indent + POINT_PRINT + "\n")
 
 
 LEANRL_SPS = "its progress bar's last sps"
@@ -140,21 +112,15 @@ PEERS = {
         sps_text=LEANRL_SPS + ": the mean over its last 10 iterations (it restarts its clock every 10)",
         edits=(
             GYMNASIUM_IMPORT,
-            Edit("envpool-properties", ENVPOOL_PROPERTIES_REASON, ENVPOOL_PROPERTIES, ""),
-            Edit("wrapper-attribute", "gymnasium 1.x wrappers do not pass on their env's attributes; the agent reads "
-                 "single_action_space through the script's episode-statistics wrapper",
-                 '        self.num_envs = getattr(env, "num_envs", 1)\n',
+            Edit("envpool-properties", ENVPOOL_PROPERTIES, ""),
+            Edit("wrapper-attribute", '        self.num_envs = getattr(env, "num_envs", 1)\n',
                  '        self.num_envs = getattr(env, "num_envs", 1)\n'
                  "        self.single_action_space = env.single_action_space\n"),
-            Edit("five-tuple", "gymnasium's step returns terminated and truncated apart; the script's done is either",
-                 "        observations, rewards, dones, infos = super().step(action)\n",
+            Edit("five-tuple", "        observations, rewards, dones, infos = super().step(action)\n",
                  "        observations, rewards, terminations, truncations, infos = super().step(action)\n"
                  "        dones = terminations | truncations\n"),
-            Edit("reset-info", RESET_INFO, "torch.tensor(envs.reset(), ", "torch.tensor(envs.reset()[0], "),
-            Edit("categorical-properties", "its stopgap awaiting pytorch/pytorch#138080 makes Categorical's logits "
-                 "and probs properties without a setter, which torch 2.13's Categorical.__init__ assigns "
-                 "(AttributeError: property of 'Categorical' object has no setter): removed, torch's own lazy "
-                 "properties stay",
+            Edit("reset-info", "torch.tensor(envs.reset(), ", "torch.tensor(envs.reset()[0], "),
+            Edit("categorical-properties",
                  "# This is a quick fix while waiting for https://github.com/pytorch/pytorch/pull/138080 to land\n"
                  'Categorical.logits = property(Categorical.__dict__["logits"].wrapped)\n'
                  'Categorical.probs = property(Categorical.__dict__["probs"].wrapped)\n', ""),
@@ -172,8 +138,7 @@ PEERS = {
         edits=(
             SAME_STEP_N_ENVS,
             FINAL_INFO_RESHAPED,
-            Edit("transform-observation-space", "gymnasium 1.x's TransformObservation takes the space of the new "
-                 "observations (clipping keeps it)",
+            Edit("transform-observation-space",
                  "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))",
                  "gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)"),
             detached("agent_inference_p.to_module(agent_inference"),
@@ -188,11 +153,9 @@ PEERS = {
         edits=(
             SAME_STEP_ONE_ENV,
             FINAL_INFO_FLOAT,
-            Edit("final-obs", FINAL_OBS_REASON, 'torch.as_tensor(infos["final_observation"][idx], ',
+            Edit("final-obs", 'torch.as_tensor(infos["final_observation"][idx], ',
                  'torch.as_tensor(infos["final_obs"][idx], '),
-            Edit("policy-out-keys", "tensordict 0.15 wants an out_key for each output of a module (get_action "
-                 "returns three); select_out_keys keeps the policy returning the action alone",
-                 'in_keys=["observation"], out_keys=["action"])',
+            Edit("policy-out-keys", 'in_keys=["observation"], out_keys=["action"])',
                  'in_keys=["observation"], out_keys=["action", "log_prob", "mean"]).select_out_keys("action")'),
             detached("from_module(actor).data.to_module(actor_detach"),
         ),
@@ -206,9 +169,8 @@ PEERS = {
         edits=(
             SAME_STEP_ONE_ENV,
             FINAL_INFO_RESHAPED,
-            Edit("final-obs", FINAL_OBS_REASON, 'if "final_observation" in infos:', 'if "final_obs" in infos:'),
-            Edit("final-obs", FINAL_OBS_REASON, 'list(infos["final_observation"][truncations])',
-                 'list(infos["final_obs"][truncations])'),
+            Edit("final-obs", 'if "final_observation" in infos:', 'if "final_obs" in infos:'),
+            Edit("final-obs", 'list(infos["final_observation"][truncations])', 'list(infos["final_obs"][truncations])'),
             detached("from_module(actor).data.to_module(actor_detach"),
             detached("target_actor_params.to_module(target_actor"),
             detached("with qnet_params.data[0].to_module(qnet"),
@@ -240,18 +202,13 @@ PEERS = {
         sps_text="between the end of its 3rd iteration and of its last (an sps point per iteration)",
         edits=(
             GYMNASIUM_IMPORT,
-            Edit("envpool-properties", ENVPOOL_PROPERTIES_REASON,
-                 ENVPOOL_PROPERTIES + "    envs.is_vector_env = True\n", ""),
-            Edit("five-tuple", "envpool's gymnasium step returns terminated and truncated apart; the script's done "
-                 "is either", "        handle, (next_obs, reward, next_done, info) = step_env(handle, action)\n",
+            Edit("envpool-properties", ENVPOOL_PROPERTIES + "    envs.is_vector_env = True\n", ""),
+            Edit("five-tuple", "        handle, (next_obs, reward, next_done, info) = step_env(handle, action)\n",
                  "        handle, (next_obs, reward, next_done, truncated, info) = step_env(handle, action)\n"
                  "        next_done = next_done | truncated\n"),
-            Edit("truncated", "envpool's gymnasium info has no TimeLimit.truncated: step returns it",
-                 'info["TimeLimit.truncated"]', "truncated", 4),
-            Edit("reset-info", RESET_INFO, "    next_obs = envs.reset()\n", "    next_obs, _ = envs.reset()\n"),
-            Edit("params-contains", "flax 0.12's TrainState.create and apply_gradients ask whether params (and grads) "
-                 "hold an overwrite_with_gradient collection (`in`), which the script's params dataclass cannot "
-                 "answer; it holds none", "    critic_params: flax.core.FrozenDict\n",
+            Edit("truncated", 'info["TimeLimit.truncated"]', "truncated", 4),
+            Edit("reset-info", "    next_obs = envs.reset()\n", "    next_obs, _ = envs.reset()\n"),
+            Edit("params-contains", "    critic_params: flax.core.FrozenDict\n",
                  "    critic_params: flax.core.FrozenDict\n\n    def __contains__(self, key):\n        return False\n"),
             sps_points(8),
         ),
@@ -423,9 +380,7 @@ def run_side(name, side, variants, seed, counter, args, copies, out):
     records = []
     for attempt, (label, flags) in enumerate(variants):
         fallback = attempt > 0
-        print(
-            f"{counter} {name} {side} {label}{', fallback,' if fallback else ''} seed {seed} ... ", end="", flush=True
-        )
+        print(f"{counter} {name} {side} {label}{', fallback,' * fallback} seed {seed} ... ", end="", flush=True)
         record = run_one(name, side, label, fallback, seed, budget + shlex.split(flags), args, copies, out)
         records.append(record)
         with open(out / "peers.jsonl", "a") as f:
@@ -479,22 +434,20 @@ def report(records, pairs, seeds, args, prepared, clones, machine, switch):
         except importlib.metadata.PackageNotFoundError:
             versions.append(f"no {package}")
     devices = sorted({run.get("device") for run in records if run.get("device")})
+    runs_on = f"; our runs on {', '.join(devices)}" if devices else ""
     lines = [
         "## Our twins beside their peers",
         "",
-        f"Machine: {machine_text(machine)}; {', '.join(versions)}"
-        + (f"; our runs on {', '.join(devices)}" if devices else "")
-        + ".",
+        f"Machine: {machine_text(machine)}; {', '.join(versions)}{runs_on}.",
         f"Ours: `{args.ours}`" + (f" at {head[:7]}" if (head := git_head(args.ours)) else "") + ".",
     ]
     for key in sorted({PEERS[name]["repo"] for name in pairs}):
         head = git_head(clones[key])
         lines.append(f"{PEER_REPOS[key][0]}: `{clones[key]}`" + (f", HEAD {head[:7]}" if head else "") + ".")
+    tiny = " (--tiny: a check that every script runs, whose sps are no measurement)" if args.tiny else ""
     lines += [
         f"Seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}: one run at a time, ours and theirs in "
-        "turn, ours first for the 1st, 3rd, ... seed; the same budget flags for both"
-        + (" (--tiny: a check that every script runs, whose sps are no measurement)" if args.tiny else "")
-        + ".",
+        f"turn, ours first for the 1st, 3rd, ... seed; the same budget flags for both{tiny}.",
         "sps: ours, our results line's steady-state sps; theirs, as the table of their scripts below says.",
         bf16_line(machine, switch),
         "",
@@ -517,39 +470,25 @@ def report(records, pairs, seeds, args, prepared, clones, machine, switch):
                 bf16_ratio = ratio(ours_bf16, theirs)
                 bf16 = median_cell(ours_bf16) + ("" if bf16_ratio == "–" else f" ({bf16_ratio})")
             sides = [ours, theirs] + ([ours_bf16] if ours_bf16 else [])
-            per_seed = "; ".join(
-                f"{seed}: " + " / ".join(seed_cell(side, seed) for side in sides)
-                for seed in seeds
-                if any(run["seed"] == seed for side in sides for run in side)
-            )
+            ran = [seed for seed in seeds if any(run["seed"] == seed for side in sides for run in side)]
+            per_seed = "; ".join(f"{seed}: " + " / ".join(seed_cell(side, seed) for side in sides) for seed in ran)
             fallback = " (fallback)" if any(run["fallback"] for run in theirs) else ""
-            lines.append(
-                f"| {name} | `{budget}` | `{peer['ours']} {OURS_FLAGS}` "
-                f"| {PEER_REPOS[peer['repo']][0]} {label}{fallback} | {median_cell(ours) if ours else 'not run'} "
-                f"| {median_cell(theirs)} | {ratio(ours, theirs)} | {bf16} | {per_seed} |"
-            )
+            cells = f"`{budget}`", f"`{peer['ours']} {OURS_FLAGS}`", f"{PEER_REPOS[peer['repo']][0]} {label}{fallback}"
+            medians = median_cell(ours) if ours else "not run", median_cell(theirs), ratio(ours, theirs)
+            lines.append(table_row(name, *cells, *medians, bf16, per_seed))
     if failed := [run for run in records if run["failed"]]:
         lines += ["", "Failed runs:"] + [f"- {run['pair']} {run['side']} {run['variant']} seed {run['seed']}: "
                                          f"{run['failed']} (`{run['log']}`)" for run in failed]  # fmt: skip
     lines += ["", "Their scripts, as run (edited copies and diffs in `peers/`):", ""]
-    lines += ["| pair | script | written against | the clone's file | their sps |", "|---|---|---|---|---|"]
+    lines += table_head("pair", "script", "written against", "the clone's file", "their sps")
     for name in pairs:
         peer = PEERS[name]
         state = "that version" if prepared[name].same else "**another version** (the edits applied)"
-        lines.append(
-            f"| {name} | {PEER_REPOS[peer['repo']][0]} `{peer['path']}` | {peer['commit'][:7]} | {state} "
-            f"| {peer['sps_text']} |"
-        )
-    lines += ["", "The edits, each an exact text replaced in the copy:", ""]
-    for name in pairs:
-        lines.append(f"- {name}:")
-        lines += [f"  - **{edit.name}**: {edit.reason}" for edit in PEERS[name]["edits"]]
+        script = f"{PEER_REPOS[peer['repo']][0]} `{peer['path']}`"
+        lines.append(table_row(name, script, peer["commit"][:7], state, peer["sps_text"]))
+    lines += ["", "The edits, each an exact text replaced in the copy (docs/peers.md says why):", ""]
+    lines += [f"- {name}: {', '.join(dict.fromkeys(edit.name for edit in PEERS[name]['edits']))}" for name in pairs]
     return "\n".join(lines) + "\n"
-
-
-def words(values):
-    """Values given as one quoted string ("1 2 3") or as separate words, as one list."""
-    return [word for value in values for word in value.split()]
 
 
 def parse_args():
@@ -560,13 +499,14 @@ def parse_args():
     add("--pairs", nargs="+", default=list(PEERS), help="pairs to run (default all): " + " ".join(PEERS))
     add("--seeds", nargs="+", default=["1 2 3"], help='seeds, e.g. "1 2 3" (default)')
     add("--out", type=Path, metavar="DIR", help="where to write (default: runs/peers/<date>_<time>)")
-    add("--ours", type=Path, default=REPO_ROOT / "leanrl", help="our scripts' folder (default leanrl/)")
+    add("--ours", type=Path, default=ROOT / "leanrl", help="our scripts' folder (default leanrl/)")
     add("--tiny", action="store_true", help="a few hundred steps per run: checks that all runs here")
     add("--timeout", type=float, default=1800.0, help="seconds a run may take (default 1800)")
     add("--apply-only", action="store_true", help="only write the edited copies into DIR/peers/")
     args = parser.parse_args()
 
-    pairs, seeds = list(dict.fromkeys(words(args.pairs))), words(args.seeds)
+    # each given as one quoted string ("1 2 3") or as separate words
+    pairs, seeds = list(dict.fromkeys(" ".join(args.pairs).split())), " ".join(args.seeds).split()
     if not pairs or not seeds:
         fail("no pairs in --pairs" if not pairs else "no seeds in --seeds")
     if unknown := [name for name in pairs if name not in PEERS]:
@@ -591,7 +531,7 @@ def parse_args():
     for name in pairs if not args.apply_only else []:
         if not (args.ours / PEERS[name]["ours"]).is_file():
             fail(f"--ours {args.ours}: no {PEERS[name]['ours']} (for {name})")
-    out = args.out or REPO_ROOT / "runs" / "peers" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    out = args.out or ROOT / "runs" / "peers" / time.strftime("%Y-%m-%d_%H-%M-%S")
     if (out / "peers.jsonl").exists():
         fail(f"{out} already holds a peers.jsonl: give another --out")
     return args, pairs, [int(seed) for seed in seeds], clones, out.resolve()

@@ -1,19 +1,14 @@
 """Serving a policy to many envs over torch.distributed.rpc (an agent and its observers) beside one process that steps
-every env and runs the policy once per step on the whole batch (what the scripts here do); docs/rpc.md has the table.
+every env and runs the policy once per step on the whole batch (what the scripts here do). docs/rpc.md describes the
+worlds (rank 0 coordinates, rank 1 is the agent, ranks 2 and up are observers), the figures and the table.
 
     python benchmarks/rpc_agent_observer.py                                   # a world of 10: 8 observers, batch on
     python benchmarks/rpc_agent_observer.py --world-size 3,4,5,6,7,8,9 --batch on,off --out docs/rpc
     python benchmarks/rpc_agent_observer.py --world-size 3,6,9 --transport auto,tcp --out docs/rpc/tcp
     python benchmarks/rpc_agent_observer.py --markdown docs/rpc/rpc_agent_observer.json   # the table, again
 
-On 127.0.0.1: rank 0 coordinates, rank 1 is the agent (PyTorch's RPC RL benchmark's policy, an MLP from a 10x20x10
-state), ranks 2 and up are observers (a dummy env each: a random state and reward a step) that send their state with
-rpc_sync every step and wait for the action; a warm-up episode, then --episodes of --episode-steps steps. --batch on:
-the agent answers a step's requests from one forward once every observer's state is in; off: one at a time.
---transport auto: TensorPipe's choice (shared memory); tcp: TCP on loopback, as between machines. In process: the
-same policy, envs and steps, one forward per step on every env's state as a vector env does (once per world size).
-One torch thread per process. Figures at p50, p75, p90, p95: agent latency and throughput (states over latency,
-forward by forward), observer latency and throughput, the forward alone; states per forward; env steps/s. Lists run
+A warm-up episode, then --episodes of --episode-steps steps, on 127.0.0.1, one torch thread per process. --batch on:
+the agent answers a step's requests from one forward once every observer's state is in; off: one at a time. Lists run
 every combination, one world after another, into DIR/rpc_agent_observer.json and .png (--out DIR).
 """
 
@@ -35,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed.rpc as rpc
-from common import Parser, describe_machine, fail, machine_text  # benchmarks/ is on the path when this file runs
+from common import Parser, describe_machine, fail, machine_text, table_head, table_row  # benchmarks/ is on the path
 
 TOOL = Path(__file__).name
 PERCENTILES = (50, 75, 90, 95)
@@ -286,8 +281,7 @@ def run_rpc_world(config, port, timeout_s):
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
                 codes = [process.exitcode for process in processes]
-                failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
-                if failed:
+                if failed := [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]:
                     return None, "rank {} exited with status {}".format(*failed[0])
                 if all(code == 0 for code in codes[1:]):
                     others_done.set()
@@ -349,7 +343,7 @@ def markdown(report):
     header = ["world size", "observers", "mode", "batch", *shown, "states per forward", "forward ms p50",
               "agent latency ms p50 / p95", "agent throughput p50 / p95", "observer latency ms p50 / p95",
               "observer throughput p50 / p95", "env steps/s"]  # fmt: skip
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = table_head(*header)
     worlds = {}
     for row in report["rows"]:
         worlds.setdefault(row["config"]["world_size"], []).append(row)
@@ -362,7 +356,7 @@ def markdown(report):
             for metric in METRICS:  # latencies in ms to 3 decimals, throughputs to units
                 scale, digits = (1e3, 3) if metric.endswith("_s") else (1, 0)
                 cells.append(" / ".join(f"{figures[metric][p] * scale:.{digits}f}" for p in ("p50", "p95")))
-            lines.append("| " + " | ".join([*cells, f"{figures['env_steps_per_s']:.0f}"]) + " |")
+            lines.append(table_row(*cells, f"{figures['env_steps_per_s']:.0f}"))
     return "\n".join(lines)
 
 
@@ -395,8 +389,7 @@ def plot(report, path):
             else:
                 p50 = [figures[metric] for figures in points.values()]
             ax.plot(list(points), p50, style.pop("fmt"), **style)
-        ax.set_yscale("linear" if metric == "states_per_forward" else "log")
-        ax.set_xlabel("world size")
+        ax.set(yscale="linear" if metric == "states_per_forward" else "log", xlabel="world size")
         ax.set_title(title + (", p50 (band to p95)" if metric in METRICS else ""), fontsize=10)
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=8)

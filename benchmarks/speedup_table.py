@@ -23,22 +23,21 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import matplotlib
-from common import describe_machine, fail, machine_text, read_results, variant  # benchmarks/ is on the path
+from common import describe_machine, fail, machine_text, read_results, table_head, table_row, variant  # on the path
 
 matplotlib.use("Agg")  # files only, no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 VARIANTS = ("plain", "twin", "twin+compile", "twin+cudagraphs", "twin+compile+cudagraphs")
+STEADY = (
+    "seconds from the first training step to the measured part (compile and warm-up; longer with a cold compile "
+    "cache, the first compiled run of a machine)"
+)
 # The three tables of speedup.md: (results field, title, what a number means).
 TABLES = (
     ("sps", "Training speed", "steady-state environment steps per second"),
     ("final_return", "Final return", "mean return of the last 20 episodes: speed should not cost learning"),
-    (
-        "compile_seconds",
-        "Time to the steady state",
-        "seconds from the first training step to the measured part "
-        "(compile and warm-up; longer with a cold compile cache, the first compiled run of a machine)",
-    ),
+    ("compile_seconds", "Time to the steady state", STEADY),
 )
 
 
@@ -55,8 +54,7 @@ def cell(rows, field):
     if found:
         low, high = min(found), max(found)
         parts.append(f"{statistics.median(found):.1f}" + (f" [{low:.1f}, {high:.1f}]" if low != high else ""))
-    missing = len(rows) - len(found)
-    if missing:
+    if missing := len(rows) - len(found):
         parts.append("n/a" if not found and missing == 1 else f"{missing}x n/a")
     return ", ".join(parts)
 
@@ -73,7 +71,7 @@ def speedup(runs):
 def table(groups, variants, field, title, meaning):
     header = ["algorithm", "env", "steps", "seeds", *variants] + (["speed-up"] if field == "sps" else [])
     lines = [f"### {title}", "", f"{meaning}; median [min, max] over seeds.", ""]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += table_head(*header)
     for (algo, env_id), runs in groups.items():
         rows = [row for variant_rows in runs.values() for row in variant_rows]
         steps = ", ".join(str(steps) for steps in sorted({row["total_timesteps"] for row in rows}))
@@ -82,19 +80,15 @@ def table(groups, variants, field, title, meaning):
         if field == "sps":
             found = speedup(runs)
             cells.append(f"{found[0]:.2f}x ({found[1]})" if found else "–")
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(table_row(*cells))
     return lines
 
 
 def notes(rows):
     """Lines for what a reader of the table should know: runs with no sps, repeated runs of a variant and seed."""
     lines = []
-    no_sps = [row for row in rows if row["sps"] is None]
-    if no_sps:
-        lines.append(
-            f"- {len(no_sps)} run(s) too short to measure sps (n/a above): "
-            + ", ".join(f"{row['algo']} {variant(row)} seed {row['seed']}" for row in no_sps)
-        )
+    if no_sps := [f"{row['algo']} {variant(row)} seed {row['seed']}" for row in rows if row["sps"] is None]:
+        lines.append(f"- {len(no_sps)} run(s) too short to measure sps (n/a above): {', '.join(no_sps)}")
     repeats = Counter((row["algo"], row["env_id"], variant(row), row["seed"]) for row in rows)
     for (algo, env_id, name, seed), count in repeats.items():
         if count > 1:
@@ -132,9 +126,7 @@ def plot(groups, variants, field, ylabel, title, path):
             ax.errorbar(index, median, yerr=whiskers, color="black", capsize=4, linewidth=1)
             ax.plot([index] * len(found), found, ".", color="black", alpha=0.6)
         ax.set_xticks(range(len(variants)), [name.replace("+", "\n+") for name in variants], fontsize=8)
-        ax.set_xlim(-0.6, len(variants) - 0.4)
-        ax.set_title(f"{algo} on {env_id}")
-        ax.set_ylabel(ylabel)
+        ax.set(xlim=(-0.6, len(variants) - 0.4), title=f"{algo} on {env_id}", ylabel=ylabel)
         ax.grid(axis="y", alpha=0.3)
     for ax in axes.flat[len(groups) :]:
         ax.axis("off")

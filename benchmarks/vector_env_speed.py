@@ -11,26 +11,18 @@ Both reset an ended episode in the step that ends it, as the scripts' envs do.
 
 import argparse
 import statistics
-import time
 
 import gymnasium as gym
+from common import env_steps_per_second  # benchmarks/ is on the path when this file runs
 
 KINDS = {"sync": gym.vector.SyncVectorEnv, "async": gym.vector.AsyncVectorEnv}
 
 
 def steps_per_second(kind, env_id, num_envs, iterations, warmup):
     envs = KINDS[kind]([lambda: gym.make(env_id)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    envs.reset(seed=0)
-    envs.action_space.seed(0)
-    actions = [envs.action_space.sample() for _ in range(iterations + warmup)]  # drawn before the clock starts
-    for action in actions[:warmup]:
-        envs.step(action)
-    start = time.perf_counter()
-    for action in actions[warmup:]:
-        envs.step(action)
-    seconds = time.perf_counter() - start
+    rate = env_steps_per_second(envs, num_envs, iterations, warmup)
     envs.close()
-    return iterations * num_envs / seconds
+    return rate
 
 
 if __name__ == "__main__":

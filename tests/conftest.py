@@ -22,12 +22,10 @@ from helpers import NEEDS_CUDA, CountingEnv, ImageObsEnv  # and leanrl/ on sys.p
 # threads than cores make OpenMP's threads wait for one another, several times slower.
 # The workers share the tests as pytest-xdist's `worksteal` mode does (pyproject.toml sets it): each worker starts
 # with an equal contiguous share of the collected order, and a worker that runs out takes half of the tests another
-# has not started. A test already started cannot move, so the longest ones (learning runs, run.sh, every flag
+# has not started. A test already started cannot move, so the longest ones (learning runs, every flag
 # combination; matched by these name prefixes) are dealt out to the workers in turn, at the front of their shares: no
-# worker starts with most of them, and none is left with one at the end. run.sh's tiny run comes after the twins'
-# flag combinations, which compile the twins with the same tiny budgets: its compilations then find their kernels in
-# inductor's cache (a twin's first compilation costs about 4 times a cached one on this CPU, 60 s against 15).
-LONGEST_FIRST = ("test_learns", "test_twin_runs_with_every_flag_combination", "test_tiny_run_end_to_end")
+# worker starts with most of them, and none is left with one at the end.
+LONGEST_FIRST = ("test_learns", "test_twin_runs_with_every_flag_combination")
 
 
 def pytest_configure(config):

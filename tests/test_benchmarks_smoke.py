@@ -2,7 +2,7 @@
 repository root): a refactor of the scripts or of run_utils.py that breaks a tool fails here, not in front of a user
 (micro_benchmark.py once stopped at its first import, `No module named 'run_utils'`, unnoticed).
 
-The tools tested end to end in files of their own are named in TESTED_ELSEWHERE; the others run here. The compile
+A tool X tested end to end in a file of its own (tests/test_X.py) runs there; the others run here. The compile
 configurations run with TORCH_COMPILE_DISABLE=1: torch.compile then returns the function unchanged, so the tool's
 plumbing (flags, runs, tables) is checked in seconds; compiling is what the pairs' own tests check.
 """
@@ -21,14 +21,6 @@ from helpers import REPO_ROOT, describe, run_in_process
 from test_speedup_table import HAND_MADE, write_results
 
 BENCHMARKS = REPO_ROOT / "benchmarks"
-# Tools whose own test file runs them end to end, as a user does.
-TESTED_ELSEWHERE = {
-    "env_speed.py": "tests/test_env_speed.py (a subprocess over the PPO scripts' envs, with hand-made results)",
-    "learning_curves.py": "tests/test_learning_curves.py (run, resume, plot and table, in subprocesses)",
-    "peers.py": "tests/test_peers.py (a subprocess over fake clones of LeanRL and CleanRL and fake scripts of ours)",
-    "rpc_agent_observer.py": "tests/test_rpc_agent_observer.py (worlds of processes, in a subprocess)",
-    "speedup_table.py": "tests/test_speedup_table.py (a subprocess over hand-made results; run.sh --tiny)",
-}
 TESTED_HERE = {"bf16_gradients.py", "gpu_check.sh", "micro_benchmark.py", "vector_env_speed.py"}
 NO_COMPILE = {"TORCH_COMPILE_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
 
@@ -48,10 +40,11 @@ def table_rows(text, first_cell=r"[^|-]"):
 
 
 def test_every_tool_has_a_smoke_test():
-    tools = {path.name for path in BENCHMARKS.iterdir() if path.suffix in (".py", ".sh")} - {"common.py"}
-    untested = tools - set(TESTED_ELSEWHERE) - TESTED_HERE
+    tools = {path for path in BENCHMARKS.iterdir() if path.suffix in (".py", ".sh") and path.name != "common.py"}
+    elsewhere = {tool.name for tool in tools if (REPO_ROOT / "tests" / f"test_{tool.stem}.py").is_file()}
+    untested = {tool.name for tool in tools} - elsewhere - TESTED_HERE
     assert not untested, f"tools in benchmarks/ with no test that runs them: {sorted(untested)}"
-    assert TESTED_HERE <= tools
+    assert TESTED_HERE <= {tool.name for tool in tools} - elsewhere
 
 
 def test_micro_benchmark_times_every_algorithm_and_configuration(tmp_path):
@@ -60,31 +53,24 @@ def test_micro_benchmark_times_every_algorithm_and_configuration(tmp_path):
     assert completed.returncode == 0, describe(completed)
     text = out.read_text()
     assert text.strip() in completed.stdout
-    configs = ["plain (eager)", "twin (eager)", "twin --compile", "twin --compile, cpp_wrapper"]
     # --bf16: the twins that have it, where this CPU computes bf16 faster than fp32; a line says which are skipped, why.
-    fast = run_utils.fast_bf16(torch.device("cpu"))
-    bf16_algos = {"sac", "td3", "ppo_atari"} if fast else set()
-    configs_of = lambda algo: configs + ["twin --compile --bf16"] * (algo in bf16_algos)  # noqa: E731
-    for algo in ("sac", "td3", "ppo_continuous", "dqn", "ppo_atari"):
+    bf16_algos = {"sac", "td3", "ppo_atari"} if run_utils.fast_bf16(torch.device("cpu")) else set()
+    update_batches, expected = {"sac": 256, "td3": 256, "ppo_continuous": 64, "dqn": 128, "ppo_atari": 256}, set()
+    for algo, update_batch in update_batches.items():
         why = "has no --bf16" if algo in ("ppo_continuous", "dqn") else "does not compute bf16 faster than fp32"
         skipped = f"{algo} on cpu: skipping twin --compile --bf16: its twin"
         assert (skipped in completed.stdout and why in completed.stdout) == (algo not in bf16_algos), algo
+        calls = [("act", batch) for batch in ((8,) if algo == "ppo_atari" else (1, 4, 16, 256))]
+        configs = ["plain (eager)", "twin (eager)", "twin --compile", "twin --compile, cpp_wrapper"]
+        configs += ["twin --compile --bf16"] * (algo in bf16_algos)
+        expected |= {(algo, *call, config) for call in [*calls, ("update", update_batch)] for config in configs}
     rows = table_rows(text, r"(sac|td3|ppo_continuous|dqn|ppo_atari) \| cpu \| (act|update) \| \d")
     measured = {(algo, measure, int(batch), config) for algo, _, measure, batch, config, *_ in rows}
-    action_batches = (1, 4, 16, 256)
-    algos = (("sac", 256, action_batches), ("td3", 256, action_batches), ("ppo_continuous", 64, action_batches),
-             ("dqn", 128, action_batches), ("ppo_atari", 256, (8,)))  # fmt: skip
-    expected = {
-        (algo, measure, batch, config)
-        for algo, update_batch, act_batches in algos
-        for measure, batch in [*(("act", b) for b in act_batches), ("update", update_batch)]
-        for config in configs_of(algo)
-    }
     assert measured == expected and len(rows) == len(expected)
     for *_, us, calls, speedup in rows:
         assert int(us) >= 0 and int(calls) > 0 and re.fullmatch(r"\d+\.\d\dx", speedup), (us, calls, speedup)
     floors = table_rows(text, r"(sac|td3|ppo_continuous|dqn|ppo_atari) \| cpu \| \d+ \| \d")
-    assert [row[0] for row in floors] == [algo for algo, *_ in algos]
+    assert [row[0] for row in floors] == list(update_batches)
     assert all(float(row[3]) > 0 for row in floors), floors  # GFLOP per update, counted
 
 
@@ -105,20 +91,11 @@ def test_bf16_gradients_of_saved_sac_and_td3_agents(tmp_path):
     bf16 was on); a checkpoint of another algorithm and --batches 1 are refused in one line."""
     for script in ("sac_continuous_action", "td3_continuous_action_torchcompile"):
         checkpoint = tmp_path / f"{script}.pt"
-        flags = (
-            "--env-id",
-            "Pendulum-v1",
-            "--learning-starts",
-            "100",
-            "--batch-size",
-            "32",
-            "--total-timesteps",
-            "300",
-        )
-        run_in_process(script, *flags, "--save-model", "--model-path", checkpoint, "--eval-episodes", "0")
-        completed = run_tool("bf16_gradients.py", checkpoint, "--batches", "4", "--out", tmp_path / "table.md")
+        flags = "--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 300 --eval-episodes 0"
+        run_in_process(script, *flags.split(), "--save-model", "--model-path", checkpoint)
+        completed = run_tool("bf16_gradients.py", checkpoint, "--batches", "4")
         assert completed.returncode == 0, describe(completed)
-        rows = {row[0]: row for row in table_rows((tmp_path / "table.md").read_text(), "(critic|actor)")}
+        rows = {row[0]: row for row in table_rows(completed.stdout, "(critic|actor)")}
         assert set(rows) == {"critic", "actor"}, rows
         for network, (_, cosines, bias, consistency, other) in rows.items():
             median = float(cosines.split()[0])
@@ -147,14 +124,9 @@ def test_vector_env_speed_times_both_kinds():
 # --- gpu_check.sh: its stages are CUDA's, but its arguments and refusals run anywhere -------------------------------
 
 
-def test_gpu_check_without_arguments_prints_its_usage():
+def test_gpu_check_refuses_no_arguments_and_an_unknown_stage_before_doing_anything(tmp_path):
     completed = run_tool("gpu_check.sh")
-    assert completed.returncode == 2 and completed.stderr.startswith("usage: benchmarks/gpu_check.sh OUT_DIR"), (
-        describe(completed)
-    )
-
-
-def test_gpu_check_refuses_an_unknown_stage_before_doing_anything(tmp_path):
+    assert completed.returncode == 2 and completed.stderr.startswith("usage: benchmarks/gpu_check.sh OUT_DIR")
     for stage in ("smok", "speedup", "speedup:x", "learning:", "tests:all"):
         completed = run_tool("gpu_check.sh", tmp_path / "out", "table", stage)
         assert completed.returncode == 2, describe(completed)
@@ -188,8 +160,6 @@ def test_gpu_check_table_stage_makes_the_speedup_table(tmp_path):
     completed = run_tool("gpu_check.sh", out, "table", env={"PYTHON": str(fake_python), "PATH": os.environ["PATH"]})
     assert completed.returncode == 0, describe(completed)
     assert "=== table" in completed.stdout and completed.stdout.rstrip().endswith("status 0"), describe(completed)
-    joined = (out / "speedup" / "results.jsonl").read_text().splitlines()
-    assert sorted(map(json.loads, joined), key=json.dumps) == sorted(
-        (r for r in HAND_MADE if r["seed"] in (1, 2)), key=json.dumps
-    )
+    joined = sorted(map(json.loads, (out / "speedup" / "results.jsonl").read_text().splitlines()), key=json.dumps)
+    assert joined == sorted((r for r in HAND_MADE if r["seed"] in (1, 2)), key=json.dumps)
     assert "| sac | HalfCheetah-v5 |" in (out / "speedup" / "speedup.md").read_text()

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 from helpers import REPO_ROOT
+from test_speedup_table import markdown_rows
 
 TOOL = REPO_ROOT / "benchmarks" / "peers.py"
 sys.path.insert(0, str(TOOL.parent))  # the tool imports common from its folder
@@ -24,112 +25,78 @@ THEIRS_SPS = {1: 50.0, 2: 100.0, 3: 80.0}  # median 80: ours / theirs 2.50x
 DYNAMO_ERROR = "torch._dynamo.exc.InternalTorchDynamoError: NameError: name 'SYNTHETIC_LOCAL' is not defined"
 
 # Each peer script's lines around the texts its edits replace (and its imports from its repository's root), verbatim
-# from the versions PEERS names (LeanRL's main at 760837e, CleanRL's master at fe8d8a0), joined by "...": the edits are
-# checked against what a user clones today.
+# from the versions PEERS names (LeanRL's main at 760837e, CleanRL's master at fe8d8a0), excerpts one after another:
+# the edits are checked against what a user clones today.
 TODAY = {
     "leanrl-ppo_atari": """\
 # import gymnasium as gym
 import gym
-...
 # This is a quick fix while waiting for https://github.com/pytorch/pytorch/pull/138080 to land
 Categorical.logits = property(Categorical.__dict__["logits"].wrapped)
 Categorical.probs = property(Categorical.__dict__["probs"].wrapped)
-...
         self.num_envs = getattr(env, "num_envs", 1)
-...
         observations, rewards, dones, infos = super().step(action)
-...
     envs.num_envs = args.num_envs
     envs.single_action_space = envs.action_space
     envs.single_observation_space = envs.observation_space
-...
     agent_inference_p.to_module(agent_inference)
-...
     next_obs = torch.tensor(envs.reset(), device=device, dtype=torch.uint8)
 """,
     "leanrl-ppo_continuous": """\
         env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))
-...
             for info in infos["final_info"]:
                 r = float(info["episode"]["r"].reshape(()))
-...
         [make_env(args.env_id, i, args.capture_video, run_name, args.gamma) for i in range(args.num_envs)]
     )
-...
     agent_inference_p.to_module(agent_inference)
 """,
     "leanrl-sac": """\
     envs = gym.vector.SyncVectorEnv([make_env(args.env_id, args.seed, 0, args.capture_video, run_name)])
-...
     from_module(actor).data.to_module(actor_detach)
     policy = TensorDictModule(actor_detach.get_action, in_keys=["observation"], out_keys=["action"])
-...
             for info in infos["final_info"]:
                 r = float(info["episode"]["r"])
-...
                 real_next_obs[idx] = torch.as_tensor(infos["final_observation"][idx], device=device, dtype=torch.float)
 """,
     "leanrl-td3": """\
     envs = gym.vector.SyncVectorEnv([make_env(args.env_id, args.seed, 0, args.capture_video, run_name)])
-...
     from_module(actor).data.to_module(actor_detach)
-...
         target_actor_params.to_module(target_actor)
-...
         with qnet_params.data[0].to_module(qnet):
-...
             for info in infos["final_info"]:
                 r = float(info["episode"]["r"].reshape(()))
-...
         if "final_observation" in infos:
-...
                 np.asarray(list(infos["final_observation"][truncations]), dtype=np.float32), device=device, dtype=torch.float
 """,  # noqa: E501 (their lines)
     "cleanrl-td3": """\
 from cleanrl_utils.buffers import ReplayBuffer
-...
     envs = gym.vector.SyncVectorEnv([make_env(args.env_id, args.seed, 0, args.capture_video, run_name)])
-...
             for info in infos["final_info"]:
-...
                 real_next_obs[idx] = infos["final_observation"][idx]
-...
                 print("SPS:", int(global_step / (time.time() - start_time)))
 """,
     "cleanrl-dqn": """\
 from cleanrl_utils.buffers import ReplayBuffer
-...
         [make_env(args.env_id, args.seed + i, i, args.capture_video, run_name) for i in range(args.num_envs)]
     )
-...
             for info in infos["final_info"]:
-...
                 real_next_obs[idx] = infos["final_observation"][idx]
-...
                     print("SPS:", int(global_step / (time.time() - start_time)))
 """,
     "cleanrl-ppo_atari": """\
 import flax.linen as nn
 import gym
-...
     critic_params: flax.core.FrozenDict
-...
     envs.num_envs = args.num_envs
     envs.single_action_space = envs.action_space
     envs.single_observation_space = envs.observation_space
     envs.is_vector_env = True
-...
         handle, (next_obs, reward, next_done, info) = step_env(handle, action)
-...
             episode_returns=(new_episode_return) * (1 - info["terminated"]) * (1 - info["TimeLimit.truncated"]),
             episode_lengths=(new_episode_length) * (1 - info["terminated"]) * (1 - info["TimeLimit.truncated"]),
-...
                 info["terminated"] + info["TimeLimit.truncated"], new_episode_return, episode_stats.returned_episode_returns
-...
                 info["terminated"] + info["TimeLimit.truncated"], new_episode_length, episode_stats.returned_episode_lengths
-...
     next_obs = envs.reset()
-...
         print("SPS:", int(global_step / (time.time() - start_time)))
 """,  # noqa: E501 (their lines)
 }
@@ -184,7 +151,8 @@ def make_fakes(folder):
     """Fake clones (LeanRL/, cleanrl/) and a fake leanrl/ of ours (ours/) in folder, their calls logged in
     calls.jsonl: LeanRL's SAC fails with --compile as the real one does; CleanRL's TD3 prints no sps point for seed 2
     (a run too short to measure); CleanRL's TD3 and DQN import the replay buffer of the fake cleanrl_utils/."""
-    log = folder / "calls.jsonl"
+    log, ours = folder / "calls.jsonl", folder / "ours"
+    ours.mkdir()
     for name, peer in peers.PEERS.items():
         clone = folder / {"leanrl": "LeanRL", "cleanrl": "cleanrl"}[peer["repo"]]
         for module in peer.get("modules", ()):
@@ -199,10 +167,7 @@ def make_fakes(folder):
             imports="from cleanrl_utils.buffers import ReplayBuffer" if peer.get("modules") else "", texts=TODAY[name],
             log=str(log), fail_if='"--compile" in argv' if name == "leanrl-sac" else "False", error=DYNAMO_ERROR,
             theirs_sps=THEIRS_SPS, prints=prints))  # fmt: skip
-        (folder / "ours").mkdir(exist_ok=True)
-        (folder / "ours" / peer["ours"]).write_text(
-            FAKE_OURS.format(script=peer["ours"], log=str(log), ours_sps=OURS_SPS)
-        )
+        (ours / peer["ours"]).write_text(FAKE_OURS.format(script=peer["ours"], log=str(log), ours_sps=OURS_SPS))
     return folder
 
 
@@ -211,11 +176,15 @@ def fakes(tmp_path):
     return make_fakes(tmp_path)
 
 
-def run_tool(*args, fakes=None):
-    """The tool with these options, after the fakes' (later options win)."""
+def options(fakes, *args):
+    """The tool's options for the fakes, then these (later options win)."""
     clones = ["--leanrl", fakes / "LeanRL", "--cleanrl", fakes / "cleanrl", "--ours", fakes / "ours"] if fakes else []
-    command = [sys.executable, str(TOOL), *clones, *(["--out", fakes / "out"] if fakes else []), *args]
-    return subprocess.run(list(map(str, command)), capture_output=True, text=True, timeout=300)
+    return list(map(str, [*clones, *(["--out", fakes / "out"] if fakes else []), *args]))
+
+
+def run_tool(*args, fakes=None):
+    command = [sys.executable, str(TOOL), *options(fakes, *args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
 def calls_of(fakes):
@@ -229,10 +198,7 @@ PER_SEED, BF16_COLUMN = "per seed: ours / theirs (/ ours --bf16)", "ours --bf16 
 
 def table_rows(text):
     """{(pair, theirs' column): {column: cell}} of peers.md's table of medians."""
-    lines = text.split("\n| pair | budget |", 1)[1].split("\n\n", 1)[0].splitlines()
-    header = ["pair", "budget", *(cell.strip() for cell in lines[0].strip("|").split("|"))]
-    rows = [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")), strict=True)) for line in lines[2:]]
-    return {(row["pair"], row["theirs"]): row for row in rows}
+    return {(row["pair"], row["theirs"]): row for row in markdown_rows(text, "Our twins beside their peers")}
 
 
 def test_runs_alternate_with_their_budgets_and_the_table_has_the_known_ratios(tmp_path):
@@ -286,15 +252,19 @@ def test_runs_alternate_with_their_budgets_and_the_table_has_the_known_ratios(tm
     assert len(failed) == 4 and "Traceback" not in completed.stderr, (failed, completed.stderr)
 
 
-def test_edits_apply_to_copies_and_leave_the_clones_alone(fakes):
-    """--apply-only: the edited copies, their diffs and the modules beside them; no run, and no check of what the
-    copies import (LeanRL's SAC importing a module not installed here)."""
+def test_edits_apply_to_copies_and_leave_the_clones_alone(fakes, monkeypatch, capsys):
+    """--apply-only, in this process: the edited copies, their diffs and the modules beside them; no run, and no check
+    of what the copies import (LeanRL's SAC importing a module not installed here); one warning line for each clone
+    file that is not the version its edits were written against, none for one that is (CleanRL's DQN, made so)."""
     sac = fakes / "LeanRL" / peers.PEERS["leanrl-sac"]["path"]
     sac.write_text("import json\nfrom leanrl_absent_module.data import ReplayBuffer\n" + sac.read_text())
+    dqn = fakes / "cleanrl" / peers.PEERS["cleanrl-dqn"]["path"]
+    monkeypatch.setitem(peers.PEERS["cleanrl-dqn"], "blob", peers.git_blob(dqn.read_bytes()))
     before = {path: path.read_bytes() for path in fakes.rglob("*.py")}
-    completed = run_tool("--apply-only", fakes=fakes)
-    assert completed.returncode == 0, completed.stderr
-    for peer in peers.PEERS.values():
+    monkeypatch.setattr(sys, "argv", [str(TOOL), *options(fakes, "--apply-only")])
+    assert peers.main() == 0
+    warnings = capsys.readouterr().err.splitlines()
+    for name, peer in peers.PEERS.items():
         repo = peers.PEER_REPOS[peer["repo"]][0]
         copy = (fakes / "out" / "peers" / repo / peer["path"]).read_text()
         for edit in peer["edits"]:
@@ -304,10 +274,15 @@ def test_edits_apply_to_copies_and_leave_the_clones_alone(fakes):
         clone = fakes / {"leanrl": "LeanRL", "cleanrl": "cleanrl"}[peer["repo"]]
         for module in peer.get("modules", ()):  # copied unedited beside the copy, where their runs import it
             assert (fakes / "out" / "peers" / repo / module).read_bytes() == (clone / module).read_bytes(), module
-        # the fakes are not the upstream files: one warning line each, naming the commit
-        assert f"{repo}'s {peer['path']} is not its version at {peer['commit'][:7]}" in completed.stderr
+        warning = f"{repo}'s {peer['path']} is not its version at {peer['commit'][:7]}"
+        assert sum(warning in line for line in warnings) == (name != "cleanrl-dqn"), (name, warnings)
+    assert len(warnings) == len(peers.PEERS) - 1, warnings
     assert {path: path.read_bytes() for path in fakes.rglob("*.py") if path in before} == before
     assert not calls_of(fakes) and not (fakes / "out" / "peers.md").exists()
+    script = fakes / "script.py"  # and git's own id of a file
+    script.write_bytes(b"print('hi')\n\xc3\xa9\n")
+    found = subprocess.run(["git", "hash-object", str(script)], capture_output=True, text=True)
+    assert found.returncode != 0 or peers.git_blob(script.read_bytes()) == found.stdout.strip()
 
 
 def replace_in(path, old, new):
@@ -339,22 +314,8 @@ def test_refused_in_one_line_before_any_run(fakes, case):
         "{fakes}", str(fakes))], completed.stderr  # fmt: skip
     assert not (fakes / "out").exists() and not calls_of(fakes)
     # torchrl, which requirements-peers.txt cannot pin beside our tensordict, is installed as it says
-    assert (
-        peers.INSTALL["torchrl"].split(" (")[0] in (REPO_ROOT / "requirements" / "requirements-peers.txt").read_text()
-    )
-
-
-def test_clone_file_at_the_version_written_against_gets_no_warning(fakes, monkeypatch, capsys):
-    dqn = fakes / "cleanrl" / peers.PEERS["cleanrl-dqn"]["path"]
-    monkeypatch.setitem(peers.PEERS["cleanrl-dqn"], "blob", peers.git_blob(dqn.read_bytes()))
-    prepared = peers.prepare(["cleanrl-dqn", "cleanrl-td3"], {"cleanrl": fakes / "cleanrl"}, check_imports=False)
-    assert prepared["cleanrl-dqn"].same and not prepared["cleanrl-td3"].same
-    warnings = capsys.readouterr().err.strip().splitlines()
-    assert len(warnings) == 1 and "cleanrl/td3_continuous_action_jax.py is not its version at 004f8a0" in warnings[0]
-    script = fakes / "script.py"  # and git's own id of a file
-    script.write_bytes(b"print('hi')\n\xc3\xa9\n")
-    found = subprocess.run(["git", "hash-object", str(script)], capture_output=True, text=True)
-    assert found.returncode != 0 or peers.git_blob(script.read_bytes()) == found.stdout.strip()
+    requirements = (REPO_ROOT / "requirements" / "requirements-peers.txt").read_text()
+    assert peers.INSTALL["torchrl"].split(" (")[0] in requirements
 
 
 def test_categorical_edit_mends_the_reported_error_on_this_torch():
@@ -380,9 +341,8 @@ def test_a_twin_with_bf16_also_runs_with_it_where_bf16_is_fast(fakes, monkeypatc
     twin.write_text(twin.read_text() + "\n\nclass Args:\n    bf16: bool = False\n")
     machine = dict(cpu="Fake CPU", cores=2, torch_threads=2, gpu=None, torch="2.13.0", fast_bf16=fast)
     monkeypatch.setattr(peers, "describe_machine", lambda: machine)
-    clones = ["--leanrl", fakes / "LeanRL", "--cleanrl", fakes / "cleanrl", "--ours", fakes / "ours", "--out"]
-    pairs = [fakes / "out", "--pairs", "leanrl-td3 cleanrl-dqn", "--seeds", "1 2 3"]
-    monkeypatch.setattr(sys, "argv", list(map(str, [TOOL, *clones, *pairs])))
+    argv = options(fakes, "--pairs", "leanrl-td3 cleanrl-dqn", "--seeds", "1 2 3")
+    monkeypatch.setattr(sys, "argv", [str(TOOL), *argv])
     assert peers.main() == 0
     stdout, text = capsys.readouterr().out, (fakes / "out" / "peers.md").read_text()
     expected = []  # per seed, ours with --bf16 right after ours in fp32, numbered as runs of their own
@@ -393,38 +353,33 @@ def test_a_twin_with_bf16_also_runs_with_it_where_bf16_is_fast(fakes, monkeypatc
     progress = re.findall(r"^\[(\d+)/(\d+)\] (\S+) (ours|theirs) (.+?) seed (\d+) \.\.\. ", stdout, re.MULTILINE)
     assert [run[2:] for run in progress] == expected
     assert [run[:2] for run in progress] == [(str(n), str(len(expected))) for n in range(1, len(expected) + 1)]
-    td3, dqn = (
-        table_rows(text)[key] for key in (("leanrl-td3", "LeanRL --compile"), ("cleanrl-dqn", "CleanRL jax.jit"))
-    )
+    rows = table_rows(text)
+    td3, dqn = rows["leanrl-td3", "LeanRL --compile"], rows["cleanrl-dqn", "CleanRL jax.jit"]
     assert dqn[BF16_COLUMN] == "–" and dqn[PER_SEED] == "1: 300.0 / 50.0; 2: 100.0 / 100.0; 3: 200.0 / 80.0", dqn
     assert td3["ours / theirs"] == "**2.50x**" and td3[BF16_COLUMN] == ("400.0 (**5.00x**)" if fast else "–"), td3
     per_seed = "1: 300.0 / 50.0 / 600.0; 2: 100.0 / 100.0 / 200.0; 3: 200.0 / 80.0 / 400.0" if fast else dqn[PER_SEED]
     assert td3[PER_SEED] == per_seed, td3
-    line = "bf16: faster than fp32 here; ours also runs with --bf16 after each seed's fp32 run: leanrl-td3."
-    line = (
-        line
-        if fast
-        else f"bf16: not faster than fp32 here ({peers.FAST_BF16}): no --bf16 runs of ours, its column is –."
-    )
-    assert line in stdout.splitlines() and line in text.splitlines(), stdout
+    lines = {
+        True: "bf16: faster than fp32 here; ours also runs with --bf16 after each seed's fp32 run: leanrl-td3.",
+        False: f"bf16: not faster than fp32 here ({peers.FAST_BF16}): no --bf16 runs of ours, its column is –.",
+    }
+    assert lines[fast] in stdout.splitlines() and lines[fast] in text.splitlines(), stdout
 
 
 def test_edited_sps_print_gives_the_points_the_tool_reads(capsys):
+    clock = type("Clock", (), {"time": staticmethod(lambda: 12.5), "perf_counter": staticmethod(lambda: 7.25)})
     for indent in (8, 16, 20):
         edit = peers.sps_points(indent)
         assert edit.new.startswith(edit.old)
-        fake_time = type("Clock", (), {"time": staticmethod(lambda: 12.5), "perf_counter": staticmethod(lambda: 7.25)})
-        exec(edit.new.replace(" " * indent, ""), {"global_step": 3100, "start_time": 0.0, "time": fake_time})
+        exec(edit.new.replace(" " * indent, ""), {"global_step": 3100, "start_time": 0.0, "time": clock})
     printed = capsys.readouterr().out
-    assert (
-        peers.POINT.findall(printed) == [("3100", "7.250000")] * 3 and peers.PRINTED_SPS.findall(printed) == ["248"] * 3
-    )
+    assert peers.POINT.findall(printed) == [("3100", "7.250000")] * 3
+    assert peers.PRINTED_SPS.findall(printed) == ["248"] * 3
 
 
 def test_tiny_run_past_timeout_is_killed_and_reported(fakes):
-    replace_in(
-        fakes / "cleanrl" / peers.PEERS["cleanrl-dqn"]["path"], "sps = {", "import time; time.sleep(600)\nsps = {"
-    )
+    dqn = fakes / "cleanrl" / peers.PEERS["cleanrl-dqn"]["path"]
+    replace_in(dqn, "sps = {", "import time; time.sleep(600)\nsps = {")
     completed = run_tool("--pairs", "cleanrl-dqn", "--seeds", "1", "--timeout", "1", "--tiny", fakes=fakes)
     assert completed.returncode == 1, completed.stderr
     tiny = peers.PEERS["cleanrl-dqn"]["tiny"].split()

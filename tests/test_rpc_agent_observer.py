@@ -176,39 +176,24 @@ def test_an_interrupted_run_keeps_the_worlds_done(tmp_path, monkeypatch, capsys)
     assert row["config"] == json.loads(json.dumps(done[0])) and row["rpc"]["env_steps"] == 2 * 5
 
 
-def wait_for_workers(process, marker):
-    """Until the launcher, the resource tracker, the forkserver and a world of three workers are all running."""
-    wait_for(lambda: len(processes_carrying(marker)) >= 6 or process.poll() is not None, "no world started")
-    assert process.poll() is None, process.stderr.read()[-3000:]
-
-
-def test_ctrl_c_stops_every_worker(tmp_path):
-    """A world of a million steps over TCP: Ctrl-C (SIGINT to the whole group) ends the tool with 130 and one line, no
-    worker left. Before that, the world runs past --rpc-timeout, which bounds each step's RPC and not the episode,
-    nor the agent's and observers' wait in shutdown for the coordinator's last episode."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "launcher-killed"])
+def test_no_worker_outlives_ctrl_c_or_the_launcher_killed(tmp_path, signum):
+    """A world of a million steps over TCP. Ctrl-C (SIGINT to the whole group) ends the tool with 130 and one line;
+    SIGKILL to the launcher alone leaves it a zombie (not reaped until its pipes close), whose workers see it is gone
+    and exit, then the forkserver and resource tracker. Either way no process of the run is left. Before Ctrl-C, the
+    world runs past --rpc-timeout, which bounds each step's RPC and not the episode, nor the agent's and observers' wait
+    in shutdown for the coordinator's last episode."""
     flags = ("--world-size", "3", "--episodes", "1", "--episode-steps", "1000000", "--rpc-timeout", "3", "--transport",
              "tcp")  # fmt: skip
     process, marker = start_tool(tmp_path, *flags)
-    try:
-        wait_for_workers(process, marker)
-        time.sleep(3 + 2)  # and then past --rpc-timeout: a world that the timeout stops would have failed by now
+    try:  # until the launcher, the resource tracker, the forkserver and a world of three workers are all running
+        wait_for(lambda: len(processes_carrying(marker)) >= 6 or process.poll() is not None, "no world started")
+        time.sleep(3 + 2 if signum == signal.SIGINT else 0)  # a world that the RPC timeout stops would have failed
         assert process.poll() is None, process.stderr.read()[-3000:]
-        os.killpg(process.pid, signal.SIGINT)
+        (os.killpg if signum == signal.SIGINT else os.kill)(process.pid, signum)  # the group, or the launcher alone
         _, stderr = process.communicate(timeout=60)
     finally:
         process.kill()
-    assert process.returncode == 130 and stderr == "rpc_agent_observer.py: interrupted by SIGINT, 0 world(s) done\n"
-    wait_for(lambda: not processes_carrying(marker), "a process of the run is left", timeout_s=120)
-
-
-def test_workers_end_when_the_launcher_is_killed(tmp_path):
-    """SIGKILL to the launcher, which then stays a zombie (not reaped until its pipes close): the workers see it is
-    gone and exit, and then the forkserver and resource tracker."""
-    process, marker = start_tool(tmp_path, "--world-size", "3", "--episode-steps", "1000000", "--episodes", "1")
-    try:
-        wait_for_workers(process, marker)
-        os.kill(process.pid, signal.SIGKILL)  # no cleanup of its own: the workers notice it is gone
-        process.communicate(timeout=60)
-    finally:
-        process.kill()
+    if signum == signal.SIGINT:
+        assert process.returncode == 130 and stderr == "rpc_agent_observer.py: interrupted by SIGINT, 0 world(s) done\n"
     wait_for(lambda: not processes_carrying(marker), "a process of the run is left", timeout_s=120)

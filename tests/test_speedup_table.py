@@ -1,8 +1,9 @@
-"""benchmarks/speedup_table.py on hand-made results whose medians and ratios are known, and run.sh end to end: its bad
-options, its report of failed runs and its --bf16 runs (on fake scripts), every pair's tiny budget run by the pair's
-own tests, and a --tiny run of two real pairs (the CI mode of the README's table).
+"""benchmarks/speedup_table.py on hand-made results whose medians and ratios are known, and run.sh end to end on fake
+scripts: its bad options, its report of failed runs and its --bf16 runs. The real scripts' runs of run.sh's tiny budget
+are test_scripts.py's: every pair, each CPU variant of its twin, and its results line, which holds what the table reads.
 """
 
+import itertools
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import sys
 
 import matplotlib.image
 import pytest
-from helpers import REPO_ROOT, SCRIPTS_DIR, describe, run_sh_budget
+from helpers import REPO_ROOT, RESULT_FIELDS, SCRIPTS_DIR, describe
 
 TOOL = REPO_ROOT / "benchmarks" / "speedup_table.py"
 RUN_SH = REPO_ROOT / "run.sh"
@@ -37,12 +38,18 @@ def run_tool(*args):
     return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
+def markdown_rows(text, heading):
+    """[{column: cell}] of the first markdown table under the heading `heading` (of any level) in text."""
+    lines = re.split(rf"^#+ {re.escape(heading)}$", text, maxsplit=1, flags=re.MULTILINE)[1].splitlines()
+    table = itertools.dropwhile(lambda line: not line.startswith("|"), lines)
+    table = itertools.takewhile(lambda line: line.startswith("|"), table)
+    header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table]
+    return [dict(zip(header, row, strict=True)) for row in rows]
+
+
 def markdown_table(text, title):
-    """{(algorithm, env): {column: cell}} of the table under the heading `### title` of speedup.md."""
-    section = text.split(f"### {title}\n", 1)[1].split("\n### ", 1)[0]
-    header, _, *body = [[cell.strip() for cell in row.strip("|").split("|")] for row in section.splitlines()
-                        if row.startswith("|")]  # fmt: skip
-    return {(cells[0], cells[1]): dict(zip(header, cells, strict=True)) for cells in body}
+    """{(algorithm, env): {column: cell}} of speedup.md's table under `### title`."""
+    return {(row["algorithm"], row["env"]): row for row in markdown_rows(text, title)}
 
 
 def assert_png(path):
@@ -98,14 +105,10 @@ def test_tables_have_the_known_medians_ranges_speedups_and_notes(tmp_path):
     assert [ppo[name] for name in ("plain", "twin", "twin+compile", "speed-up")] == [
         "200.0", "n/a", "400.0, 1x n/a", "2.00x (twin+compile)"]  # fmt: skip
     assert (atari["plain"], atari["twin"], atari["speed-up"]) == ("not run", "300.0", "–")
-    sac_return, sac_warm_up = returns["sac", "HalfCheetah-v5"], warm_up["sac", "HalfCheetah-v5"]
-    assert (sac_return["plain"], sac_return["twin+compile"], "speed-up" in sac_return) == (
-        "2.0 [-10.0, 20.0]",
-        "7.5",
-        False,
-    )
-    assert returns["ppo_continuous", "HalfCheetah-v5"]["plain"] == "n/a"
-    assert (sac_warm_up["plain"], sac_warm_up["twin+compile"]) == ("0.2 [0.1, 0.6]", "9.0 [8.0, 30.0]")
+    sac = "sac", "HalfCheetah-v5"
+    assert [returns[sac][name] for name in ("plain", "twin+compile")] == ["2.0 [-10.0, 20.0]", "7.5"]
+    assert [warm_up[sac][name] for name in ("plain", "twin+compile")] == ["0.2 [0.1, 0.6]", "9.0 [8.0, 30.0]"]
+    assert "speed-up" not in returns[sac] and returns["ppo_continuous", "HalfCheetah-v5"]["plain"] == "n/a"
     assert "Machine: Test CPU 9000 (AVX512), 64 cores (32 torch threads), GPU Test GPU" in text
     assert "torch 2.13.0; runs on device cpu, cuda:0." in text and f"{len(HAND_MADE)} runs, seeds: 1, 2, 3" in text
     notes = text.split("Notes:\n", 1)[1]
@@ -247,10 +250,8 @@ def test_run_sh_reports_failed_runs_runs_bf16_where_fast_and_makes_the_table(fak
     # The report at the end (6 runs of new_algo, 2 of sac's compiled twin), also in failed.txt.
     report = completed.stdout.split("\n\n")[1].splitlines()
     assert report[0] == "8 of 20 runs failed:" and sum("new_algo" in line for line in report) == 6
-    assert (
-        "  sac_continuous_action twin+compile seed 2: exit 1, log logs/sac_continuous_action-twin-compile-seed2.log"
-        in report
-    )
+    sac = "sac_continuous_action"
+    assert f"  {sac} twin+compile seed 2: exit 1, log logs/{sac}-twin-compile-seed2.log" in report
     assert (out / "failed.txt").read_text().splitlines() == [line.strip() for line in report[1:]]
     # Every run got the budget flags, its seed and its variant's flags; the failed run's log holds its message.
     log = (out / "logs" / "td3_continuous_action-twin-compile-bf16-seed2.log").read_text()
@@ -277,35 +278,14 @@ def test_run_sh_reports_failed_runs_runs_bf16_where_fast_and_makes_the_table(fak
     assert completed.returncode == 2 and "already holds a results.jsonl" in completed.stderr, describe(completed)
 
 
-def test_every_pair_has_a_tiny_budget_that_its_tests_run():
-    """run.sh has a tiny budget for every pair, and test_scripts.py runs each pair on it (its tiny runs assert that
-    their flags are run.sh's): the tiny run below, end to end, takes two pairs and stands for all of run.sh --tiny."""
+def test_run_sh_runs_the_pairs_test_scripts_runs_and_the_table_reads_their_results(monkeypatch):
+    """run.sh's pairs are those whose tiny runs test_scripts.py makes (each on run.sh's tiny budget, its results line
+    checked for RESULT_FIELDS): with the fakes above, they stand for run.sh --tiny on the real scripts."""
+    monkeypatch.syspath_prepend(str(TOOL.parent))
+    from common import FIELDS
     from test_scripts import PAIRS
 
     pairs = [twin.name.removesuffix("_torchcompile.py") for twin in SCRIPTS_DIR.glob("*_torchcompile.py")]
     pairs = sorted(pair for pair in pairs if (SCRIPTS_DIR / f"{pair}.py").is_file())  # as run.sh finds them
     assert sorted(pair.plain for pair in PAIRS.values()) == pairs, "a pair that test_scripts.py does not run"
-    for pair in PAIRS.values():
-        assert "--total-timesteps" in pair.tiny.flags and pair.tiny.flags == run_sh_budget("tiny", pair.plain), pair
-
-
-def test_tiny_run_end_to_end(tmp_path):
-    """CI's run of run.sh: two pairs of leanrl/ (small MLPs, the cheapest tiny runs) in the CPU variants, one seed;
-    the table has a number where a run was."""
-    pairs = ["dqn", "ppo_continuous_action"]
-    out = tmp_path / "tiny"
-    completed = run_sh("--tiny", "--scripts", " ".join(pairs), "--out", str(out), env={"CUDA_VISIBLE_DEVICES": ""})
-    assert completed.returncode == 0, describe(completed)
-    progress = re.findall(r"^\[(\d+)/6\] .* \.\.\. \d+\.\d sps \(\d+ s\)$", completed.stdout, re.MULTILINE)
-    assert progress == [str(n) for n in range(1, 7)] and not (out / "failed.txt").exists(), completed.stdout
-    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    scripts = [f"{pair}{suffix}.py" for pair in pairs for suffix in ("", "_torchcompile", "_torchcompile")]
-    assert sorted(row["script"] for row in results) == sorted(scripts)
-    table = markdown_table((out / "speedup.md").read_text(), "Training speed")
-    assert sorted(algo for algo, _ in table) == sorted({row["algo"] for row in results}) and len(table) == len(pairs)
-    for row in table.values():
-        for name in ["plain", "twin", "twin+compile"]:
-            assert re.fullmatch(r"-?\d+\.\d", row[name]), row
-        assert row["twin+cudagraphs"] == row["twin+compile+cudagraphs"] == "not run", row
-        assert re.fullmatch(r"\d+\.\d\dx \(twin(\+compile)?\)", row["speed-up"]), row
-    assert_png(out / "sps.png")
+    assert set(FIELDS) <= set(RESULT_FIELDS), "the table reads a field the scripts' results lines need not hold"
