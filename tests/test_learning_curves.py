@@ -66,7 +66,7 @@ def test_a_batch_records_each_seeds_episodes_as_the_script_reports_them(tmp_path
         steps, returns, seconds = map(list, zip(*record["episodes"], strict=True))
         assert returns == run_in_process("dqn", *DQN, "--seed", seed)["episode_returns"]
         assert steps == list(np.cumsum(returns)) and steps[-1] <= 600
-        assert seconds == sorted(seconds) and 0 < seconds[-1] <= record["wall_seconds"]
+        assert seconds == sorted(seconds) and 0 < seconds[-1] <= record["wall_seconds"] + 0.001  # stamped to the ms
     written = {name: (tmp_path / name).read_bytes() for name in names}
     again = tool("run", "--script", "dqn", "--seeds", 1, 2, "--out", tmp_path, "--keep-model", "--", *DQN)
     assert again.returncode == 0 and again.stdout.count("done before, skipped") == 2, describe(again)
