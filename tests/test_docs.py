@@ -268,12 +268,6 @@ PANEL = re.compile(r"^## (\S+) on (\S+)$")
 FIGURE = re.compile(r"(-?\d+\.\d+)(?: ± (\d+\.\d+))?")
 
 
-def in_progress(text):
-    """Whether a curve table draws a run in progress (a `*_partial` folder, docs/curves/runs_in_progress.md): it is
-    drawn again, and checked, once that run has finished."""
-    return "_partial " in text or "_partial`" in text
-
-
 def learning_rows(text):
     """[(env, {column: cell})] of the learning tables of a curve table: those with a run and ours at a step."""
     found, env = [], None
@@ -299,7 +293,7 @@ def curve_conflicts(paths):
     figures = {}
     for path in paths:
         text = path.read_text()
-        for _, row in [] if in_progress(text) else learning_rows(text):
+        for _, row in learning_rows(text):
             if not row["ours"].startswith("not reached"):
                 key = (row["run"], step_of(row["step"]), row["ours averages"])
                 figures.setdefault(key, {}).setdefault(row["ours"], []).append(path.name)
@@ -329,8 +323,6 @@ def test_one_command_at_one_step_has_one_figure(tmp_path):
     assert curve_conflicts([first, second]) == []  # the same figure twice is one figure
     second.write_text(curve_table([(*other[:4], "last 100 episodes")]))
     assert curve_conflicts([first, second]) == []  # another window, another measure
-    second.write_text(curve_table([other]) + "`docs/curves/pqn_atari_partial`\n")
-    assert curve_conflicts([first, second]) == []  # a run in progress: checked once drawn again
 
 
 def readme_learning_problems(text, root):
@@ -345,8 +337,6 @@ def readme_learning_problems(text, root):
     for row in rows:
         target = next(target for target in links([row[-1]]) if target.endswith(".md"))
         table = (root / target).read_text()
-        if in_progress(table):
-            continue
         env, count, unit = re.fullmatch(r"(\S+), (\d+)([kM])", row[1]).groups()
         budget = int(count) * {"k": 1_000, "M": 1_000_000}[unit]
         cleanrl = re.search(r"CleanRL -?\d+\.\d+ ± \d+\.\d+(?!\d| at )", row[column["published"]])
@@ -384,7 +374,7 @@ def readme_learning_problems(text, root):
 def test_readme_learning_figures_are_the_curve_tables_it_links_to(tmp_path):
     problems, checked = readme_learning_problems(README.read_text(), REPO_ROOT)
     assert problems == []
-    assert checked >= 12, checked  # every row but the run in progress, twin and plain
+    assert checked >= 13, checked  # every row, twin and plain
 
     random_score = "\nA uniformly random policy scores 1.45 over 400 games.\n"
     (tmp_path / "sac.md").write_text(curve_table([SAC_ROW]) + random_score)
