@@ -324,9 +324,9 @@ class Run:
             "total_timesteps": self.args.total_timesteps,
             "run_seconds": self.seconds(),
             "recent_returns": list(self.recent_returns),
-            "rng": rng_state(),
             **agent,
         }
+        checkpoint.setdefault("rng", rng_state())  # a distributed run's comes from every rank, gathered by the script
         if self.episodes_file and not self.failed("episode record"):
             self.write("episode record", self.args.episodes_path, self.episodes_file.flush)
         if self.write("checkpoint", self.model_path, write_atomically, self.model_path, checkpoint):
