@@ -133,8 +133,9 @@ class Run:
         # The checkpoint on disk and its step; the seconds of a resumed run's earlier sittings (the record's clock).
         self.saved = (args.resume, self.checkpoint["global_step"]) if self.checkpoint else (None, None)
         self.seconds_before = self.checkpoint.get("run_seconds", 0.0) if self.checkpoint else 0.0
-        self.failed_writes = []  # (what, "cannot write the <what> <path>: <reason>") of each output that failed
-        self.episodes_file = self.open_episode_record() if args.episodes_path and self.rank == 0 else None
+        self.failed_writes = {}  # what -> "cannot write the <what> <path>: <reason>", for each output that failed
+        if args.episodes_path and self.rank == 0:
+            self.start_episode_record()
         self.wandb = importlib.import_module("wandb") if args.track and self.rank == 0 else None
         if self.wandb:
             self.wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
@@ -226,8 +227,8 @@ class Run:
                   f"{args.total_timesteps} from here on", file=sys.stderr)  # fmt: skip
         return checkpoint
 
-    def open_episode_record(self):
-        """The --episodes-path file, open to append; a resumed run's keeps the episodes up to its checkpoint's step (a
+    def start_episode_record(self):
+        """A new run's --episodes-path file is empty; a resumed run's keeps the episodes up to its checkpoint's step (a
         run killed after its checkpoint plays the steps after it again)."""
         path, kept = self.args.episodes_path, []
         if self.checkpoint and os.path.exists(path):
@@ -238,7 +239,6 @@ class Run:
                             kept.append(line)
         try:
             write_atomically(path, "".join(kept).encode())
-            return open(path, "a")
         except OSError as error:
             exit_with_error(failed_write_message("episode record", path, error))
 
@@ -278,9 +278,10 @@ class Run:
         """A finished episode's return, step the env steps done by its end (and charts to log beside it)."""
         self.episode_returns.append(episode_return)
         self.recent_returns.append(episode_return)
-        if self.episodes_file and not self.failed("episode record"):
-            line = json.dumps([int(step), float(episode_return), round(self.seconds(), 3)]) + "\n"
-            self.write("episode record", self.args.episodes_path, self.episodes_file.write, line)
+        path = self.args.episodes_path
+        if path and self.rank == 0 and "episode record" not in self.failed_writes:  # a failed write is told once
+            line = json.dumps([int(step), float(episode_return), round(self.seconds(), 3)])
+            self.write("episode record", path, append_line, path, line)
         if self.wandb:
             charts = {f"charts/{name}": value for name, value in charts.items()}
             self.wandb.log({"charts/episodic_return": episode_return, **charts}, step=step)
@@ -314,8 +315,7 @@ class Run:
 
     def save_checkpoint(self, **agent):
         """The script's agent entries with the run's identity, recent returns, seconds and RNG state (an agent entry
-        overrides one of the run's), written atomically, after the episode record is flushed (so that it holds every
-        episode the checkpoint counted)."""
+        overrides one of the run's), written atomically."""
         checkpoint = {
             "algo": self.algo,
             "env_id": self.args.env_id,
@@ -327,8 +327,6 @@ class Run:
             **agent,
         }
         checkpoint.setdefault("rng", rng_state())  # a distributed run's comes from every rank, gathered by the script
-        if self.episodes_file and not self.failed("episode record"):
-            self.write("episode record", self.args.episodes_path, self.episodes_file.flush)
         if self.write("checkpoint", self.model_path, write_atomically, self.model_path, checkpoint):
             self.saved = (self.model_path, agent["global_step"])
 
@@ -339,11 +337,8 @@ class Run:
             write(*args)
             return True
         except OSError as error:
-            self.failed_writes.append((what, failed_write_message(what, path, error)))
+            self.failed_writes[what] = failed_write_message(what, path, error)
             return False
-
-    def failed(self, what):
-        return any(failed == what for failed, _ in self.failed_writes)
 
     def finish(self, global_step, save_checkpoint, make_policy):
         """The end of a run: with --save-model, save_checkpoint() (unless this step's is written, or a checkpoint
@@ -354,13 +349,9 @@ class Run:
         self.pbar.close()
         self.update_sps(global_step)
         end = time.perf_counter()
-        if self.args.save_model and self.saved != (self.model_path, global_step) and not self.failed("checkpoint"):
+        written = self.saved == (self.model_path, global_step) or "checkpoint" in self.failed_writes
+        if self.args.save_model and not written:
             save_checkpoint()
-        if self.episodes_file and self.failed("episode record"):  # told once
-            with contextlib.suppress(OSError):
-                self.episodes_file.close()
-        elif self.episodes_file:
-            self.write("episode record", self.args.episodes_path, self.episodes_file.close)
         evaluates = self.args.save_model and self.args.eval_episodes and self.rank == 0
         eval_return = self.evaluate(make_policy) if evaluates and not self.stopping else None
         cut = "training" if global_step < self.total_steps else None  # only a stop ends the loop early
@@ -378,7 +369,7 @@ class Run:
                 self.wandb.finish()
             print(self.summary(global_step, cut, results))
             intact = f"the checkpoint of step {self.saved[1]}, {self.saved[0]}" if self.saved[0] else "no checkpoint"
-            for _, message in self.failed_writes:
+            for message in self.failed_writes.values():
                 print(f"{self.script}: error: {message}; the run stopped at step {global_step}; intact: {intact}",
                       file=sys.stderr)  # fmt: skip
         # Nothing is left to cut: a signal must not kill the process now, or its exit status would say the run was cut.
@@ -401,7 +392,7 @@ class Run:
         try:
             return evaluate(env, act, self.args.eval_episodes, seed, video_folder, self.stop_signals)
         except OSError as error:  # evaluate() writes only the videos
-            self.failed_writes.append(("video", failed_write_message("video", error.filename, error)))
+            self.failed_writes["video"] = failed_write_message("video", error.filename, error)
 
     def results(self, global_step, end, cut, eval_return):
         """The results line: what ran where, how fast, how it ended, and what it returns."""
@@ -422,7 +413,7 @@ class Run:
             "steps_done": global_step,
             "interrupted": cut is not None or bool(self.failed_writes),
             "cut": cut,
-            "failed_write": self.failed_writes[0][1] if self.failed_writes else None,
+            "failed_write": next(iter(self.failed_writes.values()), None),
             "eval_return": eval_return,
             "model_path": self.model_path if args.save_model else None,
             **({"world_size": self.world_size} if self.distributed else {}),
