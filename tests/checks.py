@@ -1,21 +1,19 @@
-"""Checks the pairs' tests call on their own scripts, on any algorithm: updates that match (plain and twin, eager and
-compiled, bf16 and fp32, a second build), bad input, learning and resuming. The checks every pair passes alike are
-test_scripts.py's tests; helpers.py runs and loads the scripts."""
+"""Checks the pairs' tests call on their own scripts: updates that match (plain and twin, eager and compiled, bf16 and
+fp32, a second build), bad input, learning and resuming. helpers.py runs and loads the scripts."""
 
 import ast
-import runpy
 import statistics
 
 import pytest
 import run_utils
 import torch
 from helpers import (
-    command_line,
     load_checkpoint,
     load_script,
     optimizer_steps,
     run_in_process,
     run_in_process_until,
+    run_main,
     script_path,
 )
 from tensordict import TensorDict, TensorDictBase
@@ -26,10 +24,7 @@ RTOL, ATOL = 1e-4, 1e-5
 
 def leaves(tensordict):
     """{flattened key: detached clone} of every leaf of a TensorDict (parameters or losses)."""
-    return {
-        ".".join(key) if isinstance(key, tuple) else key: value.detach().clone()
-        for key, value in tensordict.items(include_nested=True, leaves_only=True)
-    }
+    return {key: value.detach().clone() for key, value in named_tensors(tensordict).items()}
 
 
 def assert_leaves_close(actual, expected, what, rtol=RTOL, atol=ATOL):
@@ -61,19 +56,12 @@ def random_batch(batch_size, obs_dim, action_dim, seed, device="cpu"):
 
 # --- Two implementations of one update, compared on any CPU, GPU and thread count (issue 13) ---------------------
 #
-# Two correct implementations of an update (plain and twin, eager and compiled, captured and not) sum in different
-# orders, so their gradients differ in the last bits. Adam's step, lr * m / (sqrt(v) + eps), is normalised: where a
-# gradient is a near-cancelling sum, at the level of its own rounding noise, its sign and size are noise, and so is
-# the step of that entry, which can differ by up to about 2 lr between the two sides, although the gradients agree to
-# float32 precision (1 entry of 131072 of SAC's Q networks on an AMD EPYC). So the checks compare, each round, from
-# bit-identical parameters:
-# - the losses and the gradients (left in .grad by the update), with tight float32 tolerances;
-# - the step of every entry whose gradients have stayed well above their rounding noise (they agree to NOISE_LEVEL
-#   relative, so their Adam moments do, and so does the step: to STEP_ATOL * lr, a hundredth of a step);
-# - the other entries (at most MAX_NOISY_FRACTION of a group) within Adam's largest step, 2 lr between two sides;
-# then copy the reference side's parameters into the other side, in place, so that no round starts from a drift.
-# A wrong twin fails: a wrong loss or gradient at once; a wrong optimizer (learning rate, eps, a missing step) in the
-# steps of the bulk of the entries, which must agree to a hundredth of a step.
+# Two correct implementations sum in different orders: their gradients differ in the last bits, and where a gradient
+# is at its own rounding noise (a near-cancelling sum), so is Adam's normalised step, lr * m / (sqrt(v) + eps), of that
+# entry: up to 2 lr apart. So each round, from bit-identical parameters, the checks compare the losses and gradients
+# with float32 tolerances, the steps of the entries whose gradients agree to NOISE_LEVEL within a hundredth of a step,
+# the others (at most MAX_NOISY_FRACTION) within 2 lr, then copy one side's parameters into the other. A wrong loss or
+# gradient fails at once, a wrong optimizer (learning rate, eps, a missing step) in the steps of the bulk.
 
 GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-5  # GRAD_ATOL is relative to the tensor's largest gradient (its scale)
 NOISE_LEVEL = 1e-3  # two gradients of an entry further apart than this, relatively, are at their rounding noise
@@ -106,13 +94,10 @@ def sync_(actual, expected):
 class SameUpdates:
     """Checks, round after round, that two agents made the same optimizer update of one group of parameters.
 
-    Call check(actual, expected, lr, what) right after both made the update, from bit-identical parameters (this
-    object re-syncs them after each check); actual and expected: the live parameters (a module, a TensorDict of
-    nn.Parameters or a {name: parameter} dict), whose .grad holds the gradients the optimizer used. lr: the
-    learning rate of the step, a float or {name: float}. grads=False where actual's .grad cannot be read: at the
-    call that records a CUDA graph, .grad holds the buffers the graph will write, not written yet (the recording
-    does not run the kernels); the steps are then checked against the entries found at their noise so far.
-    """
+    check(actual, expected, lr, what) right after both updated from bit-identical parameters (re-synced after each
+    check): the live parameters (a module, a TensorDict or a {name: parameter} dict), .grad holding the gradients
+    used; lr a float or {name: float}. grads=False where actual's .grad is not written yet (the call that records a
+    CUDA graph): the steps are then checked against the entries found at their noise so far."""
 
     def __init__(self, group):
         self.group = group
@@ -159,9 +144,8 @@ class SameUpdates:
 
 
 def assert_params_close_after_steps(actual, expected, lrs, what):
-    """The parameters of two agents after the same optimizer steps (learning rates lrs), from the same start, their
-    gradients unseen (the end of a run): the bulk of the entries agree to a hundredth of the steps' total, and the
-    few that went through a gradient at its rounding noise (at most MAX_NOISY_FRACTION) within Adam's steps."""
+    """Two agents' parameters after the same optimizer steps (learning rates lrs) from the same start, gradients
+    unseen: the bulk agree to a hundredth of the steps' total, the rest (at most MAX_NOISY_FRACTION) within Adam's."""
     actual, expected = named_tensors(actual), named_tensors(expected)
     assert actual.keys() == expected.keys(), f"{what}: keys differ: {sorted(actual)} vs {sorted(expected)}"
     loose, total = 0, 0
@@ -177,13 +161,11 @@ def assert_params_close_after_steps(actual, expected, lrs, what):
 
 
 def check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys):
-    """A run of the script's __main__ in this process with these flags exits 2 with exactly one stderr line naming the
-    problem (each expected word in it) and writes no results. Anything but SystemExit (a traceback) fails the test."""
+    """A run of the script in this process with these flags exits 2 with exactly one stderr line naming the problem
+    (each expected word in it) and writes no results. Anything but SystemExit (a traceback) fails the test."""
     results = tmp_path / "results.jsonl"
-    path = script_path(name)
-    with command_line([str(path), *map(str, flags), "--no-cuda", "--results-path", str(results)]):
-        with pytest.raises(SystemExit) as exit_:
-            runpy.run_path(str(path), run_name="__main__")
+    with pytest.raises(SystemExit) as exit_:
+        run_main(name, (*flags, "--results-path", results), None, cuda=False)
     stdout, stderr = capsys.readouterr()
     assert exit_.value.code == 2, (exit_.value.code, stdout, stderr)
     lines = [line for line in stderr.splitlines() if line.strip()]
@@ -194,16 +176,11 @@ def check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys):
 
 
 def check_bf16_update_is_fp32_within_rounding(builds, update, network, batches, value, variants=("eager",), obs="obs"):
-    """One update from the same parameters on the same minibatch in bf16 autocast, eager (and compiled if among the
-    variants), is the fp32 update within bf16's rounding: builds(**overrides) -> a twin's agent (the same parameters
-    each time), update(agent, batch) -> losses, network(agent) -> its nn.Module, value(agent, obs) -> acting's values
-    (of the batch's `obs` entry).
-
-    The tolerance: bf16 keeps 8 significant bits (a relative rounding of 2**-9, 0.2%) and its products are summed in
-    fp32, so each layer's output moves by a few tenths of a percent and the losses, after five layers, by about 1%:
-    they must agree to 5% (plus 0.02 for those near 0), as the values do, and each parameter's gradient must point
-    the fp32 one's way (cosine above 0.99). The gradients of another minibatch do not (the check can fail). Weights,
-    gradients and the optimizer's state stay fp32: a checkpoint holds what the fp32 twin's holds."""
+    """One update from the same parameters on the same minibatch under bf16 autocast (each of the variants, eager or
+    compiled) is the fp32 update within bf16's rounding: losses and acting's values to 5% (+0.02), each gradient's
+    cosine with fp32's above 0.99 (another minibatch's is not), weights and gradients still fp32. builds(**overrides)
+    -> a twin's agent (the same parameters each time), update(agent, batch) -> losses, network(agent) -> its module,
+    value(agent, obs) -> acting's values (of the batch's `obs` entry)."""
     fp32, bf16s = builds(), {label: builds(bf16=True, compile=label == "compiled") for label in variants}
     losses = detached(update(fp32, batches[0]))
     grads = {name: param.grad.clone() for name, param in network(fp32).named_parameters()}
@@ -226,8 +203,7 @@ def check_bf16_update_is_fp32_within_rounding(builds, update, network, batches, 
 
 
 def off_policy_update(agent, batch):
-    """A training step's critic and actor update of SAC's or TD3's twin, the noise they draw seeded alike for every
-    agent."""
+    """SAC's or TD3's twin's critic and actor updates, the noise they draw seeded alike for every agent."""
     torch.manual_seed(5)
     losses = agent.update_critic(batch)
     losses.update(agent.update_actor(batch))
@@ -235,8 +211,8 @@ def off_policy_update(agent, batch):
 
 
 def check_off_policy_bf16_update_is_fp32_within_rounding(build, obs_dim, action_dim, device):
-    """check_bf16_update_is_fp32_within_rounding for SAC's or TD3's twin, eager and compiled: the critic and actor
-    updates on a batch of 256, and acting (its noise seeded alike). build(**overrides) -> the twin's agent."""
+    """check_bf16_update_is_fp32_within_rounding for SAC's or TD3's twin (build(**overrides) -> its agent), eager
+    and compiled: the critic and actor updates on a batch of 256, and acting."""
 
     def policy(agent, obs):
         torch.manual_seed(6)
@@ -254,9 +230,8 @@ def check_off_policy_bf16_update_is_fp32_within_rounding(build, obs_dim, action_
 
 
 def off_policy_compiled_calls(build, snapshot, obs_dim, action_dim, batch_size):
-    """compiled_calls for check_a_second_build_computes_with_its_own_hyperparameters, of SAC's or TD3's twin:
-    acting, the critic and actor updates and the target update on one batch. build(module, **overrides) -> the agent,
-    snapshot(agent) -> {group: {name: tensor}} of its networks."""
+    """compiled_calls of SAC's or TD3's twin for check_a_second_build_computes_with_its_own_hyperparameters: acting,
+    the updates on one batch. build(module, **overrides) -> the agent, snapshot(agent) -> {group: {name: tensor}}."""
 
     def compiled_calls(module, **overrides):
         agent = build(module, **overrides)
@@ -271,13 +246,10 @@ def off_policy_compiled_calls(build, snapshot, obs_dim, action_dim, batch_size):
 
 
 def check_bf16_td_errors_near_fp32_at_large_q_values(build, obs_dim, action_dim, monkeypatch, samples=32):
-    """SAC's and TD3's --bf16 critic update on Q values near 1000 (HalfCheetah's, late in a run) whose TD errors are
-    about 10: each sample's TD error (the critic loss of a batch of one: the two Q networks' squared errors, summed,
-    its root) is fp32's within 2% (the norm of the differences against fp32's), as the Q heads, the target and the loss
-    are fp32. The 1000 is made in the head's matrix product (a hidden unit held at 1, its head weight 1000), where a
-    head in bf16 rounds it to a multiple of 4: with fp32_layer replaced by a plain call under autocast, the TD errors
-    miss by far more (the check can fail). build(**overrides) -> a twin's agent, the same parameters each time, its
-    learning rate 0 (every sample meets the same networks)."""
+    """SAC's and TD3's --bf16 critic update at Q values near 1000 (HalfCheetah's late in a run), TD errors about 10:
+    each sample's TD error (root of a batch of one's critic loss) is fp32's within 2%, as the Q heads are fp32; with
+    the heads in bf16 (which rounds 1000 to a multiple of 4) it misses by far more. build(**overrides) -> a twin's
+    agent, the same parameters each time, learning rate 0."""
     import twin_utils
 
     def td_errors(agent):
@@ -307,32 +279,28 @@ def check_bf16_td_errors_near_fp32_at_large_q_values(build, obs_dim, action_dim,
 
 
 def check_bf16_layers_of_sac_td3_networks(module, q_network, obs_dim, action_dim):
-    """Under --bf16's autocast, SAC's and TD3's networks compute their first layer (observations and actions, whose
-    rounding to bf16 biased the critic's gradient by 5% of its mean in an ad hoc probe of a TD3 run at 100k steps) and
-    their last layers in fp32, and the hidden layer between them in bf16: each Linear's output dtype, read by hooks."""
+    """Under --bf16's autocast, SAC's and TD3's networks compute their first layer (of observations and actions) and
+    last layers in fp32, the hidden layer between them in bf16: each Linear's output dtype, read by hooks."""
     bound = torch.ones(action_dim)
     q, actor = getattr(module, q_network)(obs_dim, action_dim), module.Actor(obs_dim, action_dim, -bound, bound)
-    networks = {"Q": q, "actor": actor}
     dtypes = {}
-    for label, network in networks.items():
+    for label, network in {"Q": q, "actor": actor}.items():
         for name, layer in network.named_modules():
             if isinstance(layer, torch.nn.Linear):
                 hook = lambda _layer, _inputs, out, key=f"{label}.{name}": dtypes.__setitem__(key, out.dtype)  # noqa: E731
                 layer.register_forward_hook(hook)
     obs, actions = torch.randn(4, obs_dim), torch.rand(4, action_dim) * 2 - 1
     with torch.autocast("cpu", torch.bfloat16):
-        networks["Q"](obs, actions)
-        networks["actor"](obs)
+        q(obs, actions)
+        actor(obs)
     hidden = {"Q.fc2", "actor.fc2"}
     expected = {key: torch.bfloat16 if key in hidden else torch.float32 for key in dtypes}
     assert dtypes == expected and hidden < set(dtypes) and len(dtypes) > 4, dtypes
 
 
 # --- A second build in the same process computes with its own hyper-parameters (issue 70) ---------------------
-#
-# dynamo keeps one cache per code object, shared by every build of a twin in a process (a sweep in a notebook, a
-# tuner's trials): a compiled function of a second build reuses the first build's graph wherever the guards kept
-# say nothing changed, and a hyper-parameter read from the closure was baked into that graph.
+# dynamo's cache is per code object, shared by every build of a twin in a process: a second build reuses the first's
+# graphs where the guards see no change, with the hyper-parameters read from the closure baked in.
 
 
 def compiled_hyperparameters(name):
@@ -390,14 +358,10 @@ def flat(**groups):
 
 
 def check_a_second_build_computes_with_its_own_hyperparameters(name, compiled_calls):
-    """In one process, dynamo not reset: a twin built with --compile and its defaults and called, then built again with
-    --compile and every hyper-parameter its compiled functions read (from the code) at another value, computes what
-    the eager twin built with those values computes: the same outputs of each compiled function and the same
-    parameters after its updates. compiled_calls(module, **overrides) -> {name: tensor}: a build of the twin (the same
-    parameters each time), each of its compiled functions called on the same inputs (seeded), the outputs and the
-    parameters after the updates. The other values change what the eager twin computes (the check can fail); under
-    --bf16 (one of them, where the twin has it) compiled and eager agree within bf16's rounding (as in
-    check_bf16_update_is_fp32_within_rounding)."""
+    """A twin built with --compile and its defaults and called, then built again in the same process with every
+    hyper-parameter its compiled functions read at another value (which changes what it computes), computes what the
+    eager twin built with those values does (within bf16's rounding where --bf16 is among them). compiled_calls(module,
+    **overrides) -> {name: tensor}: a build's compiled functions called on seeded inputs, outputs and parameters."""
     module = load_script(name)
     domains = {**run_utils.RUN_DOMAINS, **getattr(module, "DOMAINS", {})}
     defaults = module.Args()
@@ -446,9 +410,8 @@ def assert_same_state(actual, expected, where="checkpoint"):
 
 def check_learns_pendulum(name, flags, total_timesteps, num_envs, resumed, tmp_path, threshold):
     """A SAC or TD3 script on Pendulum-v1 (episodes of 200 steps) reaches a mean of `threshold` over 10 consecutive
-    training episodes within `total_timesteps`; the run stops at the episode that brings them there, since the rest
-    of the budget could not change that. resumed: the run is saved at half the budget and resumed in a new run, and
-    the episodes counted are the resumed run's (the second half's)."""
+    training episodes within `total_timesteps` (the run stops there). resumed: saved at half the budget and resumed in
+    a new run, whose episodes are counted."""
     flags = ("--env-id", "Pendulum-v1", *flags)
     if resumed:
         flags = (*flags, "--save-model", "--model-path", tmp_path / "agent.pt", "--eval-episodes", "0")
@@ -462,10 +425,7 @@ def check_learns_pendulum(name, flags, total_timesteps, num_envs, resumed, tmp_p
     assert len(returns) <= episodes if stopped else len(returns) == episodes, (
         f"Pendulum-v1 episodes last 200 steps: {episodes} in {played} steps; got {len(returns)}"
     )
-    print(
-        f"{name} {' '.join(map(str, flags))}: {len(returns)} of {episodes} episodes; "
-        f"returns {[round(r) for r in returns]}"
-    )
+    print(name, *flags, f": {len(returns)} of {episodes} episodes; returns {[round(r) for r in returns]}")
     assert len(returns) >= 10, returns
     best10 = max(statistics.mean(returns[i : i + 10]) for i in range(len(returns) - 9))
     assert best10 > threshold, f"best mean of 10 consecutive returns {best10:.1f}"
@@ -486,7 +446,6 @@ def check_resume_continues_the_run(name, flags, tmp_path, saved_checkpoints, ste
         run_in_process(name, *common, "--total-timesteps", steps, "--model-path", tmp_path / "short.pt")
         short = saved_checkpoints[2]
         assert (short["total_timesteps"], mid["total_timesteps"]) == (steps, 2 * steps)  # each run's own budget
-        # Each run's own budget and clock.
         assert_same_state({**short, "total_timesteps": 2 * steps, "run_seconds": mid["run_seconds"]}, mid)
     torch.save(mid, tmp_path / "mid.pt")
     run_in_process(name, *common, "--total-timesteps", 2 * steps, "--resume", tmp_path / "mid.pt",
@@ -496,12 +455,10 @@ def check_resume_continues_the_run(name, flags, tmp_path, saved_checkpoints, ste
     assert optimizer_steps(resumed) == optimizer_steps(full)
     assert all(optimizer_steps(mid).values()), "no update before the checkpoint: the check would prove little"
     if "replay_buffer" in mid:
-        assert (resumed["replay_buffer"]["pos"], resumed["replay_buffer"]["full"]) == (
-            full["replay_buffer"]["pos"],
-            full["replay_buffer"]["full"],
-        )
+        replay, full_replay = resumed["replay_buffer"], full["replay_buffer"]
+        assert (replay["pos"], replay["full"]) == (full_replay["pos"], full_replay["full"])
         for key, rows in mid["replay_buffer"].items():
             if isinstance(rows, torch.Tensor):
-                assert torch.equal(resumed["replay_buffer"][key][: len(rows)], rows), f"replay {key} before resume"
-                assert resumed["replay_buffer"][key].shape == full["replay_buffer"][key].shape, key
+                assert torch.equal(replay[key][: len(rows)], rows), f"replay {key} before resume"
+                assert replay[key].shape == full_replay[key].shape, key
     return resumed

@@ -1,10 +1,5 @@
-"""pytest's hooks and fixtures for tests/, and nothing else.
-
-Test files import the rest by name from helpers.py (running and loading the scripts, reading what a run leaves) and
-checks.py (the checks each pair's tests share): pytest's default import mode puts tests/, a folder without
-__init__.py, on sys.path. helpers.py, imported here, puts leanrl/ there too: a script imports its sibling run_utils
-from there, as `python leanrl/<script>.py` does.
-"""
+"""pytest's hooks and fixtures for tests/. Test files import helpers.py and checks.py by name (pytest puts tests/ on
+sys.path); helpers.py puts leanrl/ there too, where a script finds its sibling run_utils."""
 
 import copy
 import os
@@ -15,16 +10,12 @@ import pytest
 import torch
 from helpers import NEEDS_CUDA, CountingEnv, ImageObsEnv  # and leanrl/ on sys.path
 
-# --- Running the suite on several workers (pytest-xdist: `-n auto`) --------------------------------------------
+# --- Several workers (pytest-xdist `-n auto`) ---------------------------------------------------------------------
 #
-# Most tests keep one core busy (compiling, stepping an env, small matmuls): a worker per core runs the suite about
-# twice as fast on 2 cores. Each worker, and every run it starts, gets its share of the cores as threads: more
-# threads than cores make OpenMP's threads wait for one another, several times slower.
-# The workers share the tests as pytest-xdist's `worksteal` mode does (pyproject.toml sets it): each worker starts
-# with an equal contiguous share of the collected order, and a worker that runs out takes half of the tests another
-# has not started. A test already started cannot move, so the longest ones (learning runs, every flag
-# combination; matched by these name prefixes) are dealt out to the workers in turn, at the front of their shares: no
-# worker starts with most of them, and none is left with one at the end.
+# Each worker, and every run it starts, gets its share of the cores as threads (more threads than cores make OpenMP's
+# threads wait for one another). pyproject.toml sets xdist's `worksteal` mode: each worker starts with an equal
+# contiguous share of the collected order; the longest tests (matched by these name prefixes) are dealt out in turn at
+# the front of the shares, so that no worker starts with most of them, nor is left with one at the end.
 LONGEST_FIRST = ("test_learns", "test_twin_runs_with_every_flag_combination")
 
 
@@ -42,19 +33,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.cuda)
 
     def rank(item):
-        prefixes = [index for index, prefix in enumerate(LONGEST_FIRST) if item.name.startswith(prefix)]
-        return prefixes[0] if prefixes else None
+        return next((index for index, prefix in enumerate(LONGEST_FIRST) if item.name.startswith(prefix)), None)
 
     longest = sorted((item for item in items if rank(item) is not None), key=rank)  # stable: file order within a rank
     others = [item for item in items if rank(item) is None]
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    # The share sizes worksteal gives out at the start: worker i gets len(rest) // (workers - i) of the rest.
+    # worksteal's shares at the start: worker i gets len(rest) // (workers - i) of the rest.
     sizes, left = [], len(items)
     for worker in range(workers):
         sizes.append(left // (workers - worker))
         left -= sizes[-1]
-    # Dealt back and forth (0, 1, 1, 0, 0, 1, ... for two workers), so that the slower of each pair of similar tests
-    # (a plain script and its twin) does not always go to the same worker.
+    # Dealt back and forth (0, 1, 1, 0, ...): the slower of a pair (a plain script and its twin) goes to either worker.
     shares = [[] for _ in range(workers)]
     for index, item in enumerate(longest):
         turn, seat = divmod(index, workers)
@@ -67,12 +56,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _fresh_compiler_state():
-    """Each test compiles as a fresh process would, and changes it makes to torch.compile's global settings are undone.
-
-    Dynamo remembers, by function name and line, the shapes a function was compiled for, across the runs of a process:
-    a script run in this process after another test's run at another batch size got graphs with dynamic shapes, which
-    a user's run never compiles (and no other test's run could take from inductor's cache: 14 graphs against 11 for
-    the SAC, TD3 and num-envs tests)."""
+    """Each test compiles as a fresh process would (dynamo remembers the shapes a function was compiled for across
+    runs, and would compile dynamic shapes), and its changes to torch.compile's global settings are undone."""
     import torch._dynamo.config
     import torch._inductor.config
 
@@ -89,8 +74,7 @@ def _fresh_compiler_state():
 
 @pytest.fixture(autouse=True)
 def _float32_on_cuda():
-    """Full float32 matmuls and convolutions on CUDA (cuDNN uses TF32 by default): the equivalence tests compare
-    float32 computations; TF32 keeps 10 bits of mantissa, which two convolution algorithms would round differently."""
+    """Full float32 matmuls and convolutions on CUDA (not TF32, cuDNN's default): the equivalence tests need it."""
     if not torch.cuda.is_available():
         yield
         return
@@ -102,8 +86,7 @@ def _float32_on_cuda():
 
 @pytest.fixture(autouse=True)
 def _signal_handlers_kept():
-    """A test that leaves SIGINT or SIGTERM handled otherwise (ignored, say) hands that to the processes later tests
-    of its worker start: a tool that should stop on Ctrl-C would not."""
+    """No test leaves SIGINT or SIGTERM handled otherwise: the processes later tests start would inherit it."""
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     yield
     after = {signum: signal.getsignal(signum) for signum in before}
@@ -112,11 +95,8 @@ def _signal_handlers_kept():
 
 @pytest.fixture
 def inductor_fallback_random(monkeypatch):
-    """Random ops inside compiled code draw from the eager generator, so seeded samples match eager ones.
-
-    Also where a script passes fallback_random in torch.compile's own options (TD3's twin turns it off on CUDA):
-    those options would override the global setting.
-    """
+    """Random ops inside compiled code draw from the eager generator, so seeded samples match eager ones; also where
+    a script passes fallback_random in torch.compile's options (TD3's twin on CUDA), which override the setting."""
     import torch._inductor.config as inductor_config
 
     compile_ = torch.compile
@@ -133,8 +113,8 @@ def inductor_fallback_random(monkeypatch):
 
 @pytest.fixture
 def saved_checkpoints(monkeypatch):
-    """Every checkpoint a run in this process passes to torch.save, copied when saved (a file is overwritten). Other
-    objects are left out: torch.distributed's all_gather_object serialises through torch.save too."""
+    """A copy of every checkpoint a run in this process passes to torch.save (not other objects: torch.distributed's
+    all_gather_object serialises through torch.save too)."""
     saved = []
     real_save = torch.save
 

@@ -3,13 +3,11 @@
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed_worker.py gradient OUT
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/distributed_worker.py run OUT SCRIPT FLAGS...
 
-gradient: every rank builds each script's PPO (plain, then twin) and updates it on its share of fixed global
-minibatches (with and without advantage normalisation, some steps masked out); it saves the agent's parameters before
-the update, its gradients after it (the all-reduced ones) and the losses summed over ranks.
-run: every rank runs SCRIPT's `__main__` with FLAGS, as torchrun would, and saves what the run ended with: the agent's
-parameters, its last rollout's observations, its optimizer step counts, the episode returns it reports, the seeds its
-envs were made with and its exit status.
-Each rank writes OUT/<mode>_rank<r>.pt; the test compares them.
+gradient: each rank updates each script's PPO (plain, twin) on its share of a fixed global minibatch (some steps
+masked out), with and without advantage normalisation; saves the parameters before, the all-reduced gradients and
+the losses summed over ranks.
+run: each rank runs SCRIPT's `__main__` with FLAGS and saves what it ended with (parameters, last rollout's
+observations, optimizer step counts, episode returns, its envs' seeds, exit status). Each writes OUT/<mode>_rank<r>.pt.
 """
 
 import os
@@ -31,10 +29,8 @@ def gradient(out):
     dist.init_process_group("gloo")
     rank, share = dist.get_rank(), GLOBAL_MINIBATCH // dist.get_world_size()
     results = {}
-    # Random frames and rollout quantities, a quarter of the steps masked out; the same on every rank. Drawn as float32
-    # (float64 draws would mask the two halves evenly), computed in float64: the twin's channels-last convolutions sum
-    # in another order than the plain script's, and in float32 that can flip a ReLU whose input is within rounding of
-    # 0, and the gradient with it.
+    # The same random minibatch on every rank, drawn as float32 and computed in float64: the twin's convolutions sum in
+    # another order, which in float32 can flip a ReLU whose input is within rounding of 0.
     batch = random_minibatch(seed=7, size=GLOBAL_MINIBATCH)
     batch = {key: value.double() if value.is_floating_point() else value for key, value in batch.items()}
     rank_batch = {key: value[rank * share : (rank + 1) * share] for key, value in batch.items()}
@@ -42,8 +38,7 @@ def gradient(out):
         for name in (DISTRIBUTED, DISTRIBUTED_TWIN):
             module = load_script(name)
             for norm_adv in (True, False):
-                # Seeded by rank: rank 0's initial parameters must reach the others (the broadcast). No clipping: the
-                # gradient itself is compared.
+                # Seeded by rank: rank 0's parameters must reach the others. No clipping: the gradient is compared.
                 ppo = build(module, seed=100 + rank, norm_adv=norm_adv, max_grad_norm=1e9)
                 initial = {key: value.clone() for key, value in ppo.network.state_dict().items()}
                 losses = call_update(ppo, name, rank_batch)

@@ -1,19 +1,6 @@
-"""Helpers for the tests: running and loading the scripts, and reading what a run leaves.
-
-Scripts are addressed by name, with or without ".py": "sac_continuous_action" is leanrl/sac_continuous_action.py.
-Three ways to exercise a script, all through its stable interface:
-- load_script(name): import it as a module (module level holds definitions only) to call Args, build_* ...
-- run_script(name, *flags): run it as a user would, in a subprocess; returns the CompletedProcess.
-- run_in_process(name, *flags): run its `__main__` block in this process; returns its globals
-  (e.g. `episode_returns`).
-Both run on the CPU unless the caller passes cuda=True, also on a machine with a GPU: the generic checks (results
-line, determinism, learning thresholds) are written for the CPU. The CUDA cases are marked `requires_cuda`.
-
-The checks each pair's tests share are in checks.py; pytest's fixtures and hooks in conftest.py. Test files import
-these modules by name: pytest's default import mode puts tests/ (no __init__.py) on sys.path; a file run from tests/
-has its folder there, and distributed_worker.py puts it there itself. Importing this module puts leanrl/ there too
-(below): pytest and every subprocess that imports it find the scripts' run_utils.
-"""
+"""Running and loading the scripts (by name: "sac_continuous_action" is leanrl/sac_continuous_action.py), and reading
+what a run leaves. load_script imports a script as a module; run_script runs it in a subprocess, run_in_process runs
+its `__main__` in this process; both on the CPU unless cuda=True. Importing this module puts leanrl/ on sys.path."""
 
 import contextlib
 import dataclasses
@@ -45,20 +32,9 @@ sys.path.insert(0, str(SCRIPTS_DIR))
 # Generous limits: the CI and dev machines are small and noisy; a limit only turns a hang into a failure.
 DEFAULT_TIMEOUT_S = 900
 
-RESULT_FIELDS = (
-    "script",
-    "algo",
-    "env_id",
-    "seed",
-    "compile",
-    "cudagraphs",
-    "device",
-    "torch_version",
-    "total_timesteps",
-    "sps",
-    "compile_seconds",
-    "wall_seconds",
-    "final_return",
+RESULT_FIELDS = tuple(
+    "script algo env_id seed compile cudagraphs device torch_version total_timesteps sps compile_seconds wall_seconds"
+    " final_return".split()
 )
 
 _module_counter = itertools.count()
@@ -73,11 +49,7 @@ def script_path(name):
 
 
 def load_script(name):
-    """Import a script by file path and return the module.
-
-    Every call executes the file again and returns a new module, so nothing is shared between callers:
-    in particular torch.compile's caches (keyed on code objects) start empty for each loaded module.
-    """
+    """Import a script as a new module each call: nothing shared between callers, torch.compile's caches included."""
     path = script_path(name)
     module_name = f"leanrl_test_{path.stem}_{next(_module_counter)}"
     spec = importlib.util.spec_from_file_location(module_name, path)
@@ -92,9 +64,8 @@ def load_script(name):
 
 
 def built(agent, name):
-    """What a script's build function made under `name` (a network, its stacked parameters, an optimizer): its
-    namespace hands out only what the training loop calls, and those functions reach the rest. Found in their
-    closures, and their closures' functions', through CudaGraphModule's and torch.compile's wrappers."""
+    """What a script's build function made under `name` (a network, an optimizer), found in the closures of its
+    namespace's functions and of their closures' functions, through CudaGraphModule's and torch.compile's wrappers."""
     functions, seen = list(vars(agent).values()), set()
     while functions:
         function = functions.pop(0)
@@ -119,22 +90,11 @@ def expose(agent, *names):
 
 
 def run_script(name, *flags, timeout=DEFAULT_TIMEOUT_S, env=None, cuda=False):
-    """Run a script in a subprocess from the repository root; returns the CompletedProcess (text, captured).
-
-    Without cuda=True the subprocess sees no GPU (CUDA_VISIBLE_DEVICES=""), so it runs on the CPU on any machine.
-    """
-    full_env = dict(os.environ)
-    if not cuda:
-        full_env["CUDA_VISIBLE_DEVICES"] = ""
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, str(script_path(name)), *map(str, flags)],
-        cwd=REPO_ROOT,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """Run a script in a subprocess from the repository root; returns the CompletedProcess (text, captured). Without
+    cuda=True the subprocess sees no GPU."""
+    full_env = {**os.environ, **({} if cuda else {"CUDA_VISIBLE_DEVICES": ""}), **(env or {})}
+    argv = [sys.executable, str(script_path(name)), *map(str, flags)]
+    return subprocess.run(argv, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 @contextlib.contextmanager
@@ -171,7 +131,7 @@ def command_line(argv):
             signal.signal(signum, handler)
 
 
-def _run_main(name, flags, timeout, cuda):
+def run_main(name, flags, timeout, cuda):
     """Run a script's `__main__` block in this process with these flags (and --no-cuda without cuda=True); returns
     its command line and its globals. A SystemExit of the script goes through, its command line in .argv."""
     path = script_path(name)
@@ -185,13 +145,10 @@ def _run_main(name, flags, timeout, cuda):
 
 
 def run_in_process(name, *flags, timeout=DEFAULT_TIMEOUT_S, cuda=False):
-    """Run a script's `__main__` block in this process with these flags; returns the script's globals.
-
-    Without cuda=True the run gets --no-cuda: it runs on the CPU on any machine.
-    A script that exits (bad flags, non-finite loss) fails the calling test with its exit code.
-    """
+    """Run a script's `__main__` block in this process (--no-cuda without cuda=True); returns the script's globals.
+    A script that exits (bad flags, non-finite loss) fails the calling test with its exit code."""
     try:
-        _, run_globals = _run_main(name, flags, timeout, cuda)
+        _, run_globals = run_main(name, flags, timeout, cuda)
     except SystemExit as exit_:
         pytest.fail(f"{' '.join(exit_.argv)} exited with {exit_.code!r}")
     if "run" in run_globals:  # the returns the run's mechanics collected, where the tests look for them
@@ -200,9 +157,8 @@ def run_in_process(name, *flags, timeout=DEFAULT_TIMEOUT_S, cuda=False):
 
 
 def run_script_in_process(name, *flags, env=None, timeout=DEFAULT_TIMEOUT_S):
-    """run_script's run, in this process and on the CPU (--no-cuda): no interpreter to start and nothing to import
-    again, seconds less a run. Returns a CompletedProcess: exit status 0, or the code of the run's SystemExit, and what
-    the run printed from Python. env: OMP_NUM_THREADS alone, taken as torch's thread count for the run."""
+    """run_script's run, in this process on the CPU: a CompletedProcess with exit status 0 or the run's SystemExit
+    code, and what it printed from Python. env: OMP_NUM_THREADS alone, taken as torch's thread count for the run."""
     env = dict(env or {})
     threads = int(env.pop("OMP_NUM_THREADS", torch.get_num_threads()))
     assert not env, f"a run in this process cannot take these environment variables: {sorted(env)}"
@@ -211,7 +167,7 @@ def run_script_in_process(name, *flags, env=None, timeout=DEFAULT_TIMEOUT_S):
     torch.set_num_threads(threads)
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            argv, _ = _run_main(name, flags, timeout, cuda=False)
+            argv, _ = run_main(name, flags, timeout, cuda=False)
     except SystemExit as exit_:
         argv, returncode = exit_.argv, exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
     finally:
@@ -225,8 +181,7 @@ class _Reached(Exception):
 
 def run_in_process_until(name, *flags, reached, timeout=DEFAULT_TIMEOUT_S):
     """The training episodes' returns of run_in_process(name, *flags), stopped at the end of the first episode after
-    which reached(returns so far) holds: a test whose claim is that a run reaches something within its budget (not
-    where it ends) need not play the rest of the budget. All the run's returns if it never does."""
+    which reached(returns so far) holds; all the run's returns if it never does."""
     import run_utils  # the scripts' own module: leanrl/ is on the path
 
     episode = run_utils.Run.episode
@@ -262,7 +217,6 @@ def one_torch_thread():
 
 NEEDS_CUDA = "needs a CUDA device"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason=NEEDS_CUDA)
-# The equivalence tests run on each device: `@pytest.mark.parametrize("device", DEVICES)`.
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=requires_cuda)]
 
 
@@ -289,10 +243,8 @@ def read_results(path):
 
 def describe(completed):
     """A short account of a finished subprocess for assertion messages."""
-    return (
-        f"exit status {completed.returncode}\n--- stdout (tail) ---\n{completed.stdout[-3000:]}"
-        f"\n--- stderr (tail) ---\n{completed.stderr[-3000:]}"
-    )
+    tails = (f"\n--- {key} (tail) ---\n{getattr(completed, key)[-3000:]}" for key in ("stdout", "stderr"))
+    return f"exit status {completed.returncode}" + "".join(tails)
 
 
 def args_fields(module):
@@ -356,9 +308,8 @@ def run_sh_budget(mode, script):
 
 
 def run_sh_tiny_run(pair, env_id, return_range, env=None):
-    """The TinyRun of run.sh's tiny budget for a pair (its plain script's name). Each pair's tests of the results line
-    and of the twin's flag combinations run on it (checks.py asserts so): they run every line of run.sh --tiny,
-    in the plain script and in each CPU variant of the twin, so that run.sh's own test need not run every pair."""
+    """The TinyRun of run.sh's tiny budget for a pair (its plain script's name): the pairs' tests run every line of
+    run.sh --tiny, so that run.sh's own test need not."""
     flags = run_sh_budget("tiny", pair)
     total = int(flags[flags.index("--total-timesteps") + 1])
     return TinyRun(flags=flags, env_id=env_id, total_timesteps=total, return_range=return_range, env=env)
@@ -440,9 +391,8 @@ def recording_make(made, epsilon_key=None, **make_kwargs):
 
 
 def recorded_runs(default_flags, epsilon_key=lambda name: None):
-    """recorded_run(name, seed, flags=default_flags, max_episode_steps=None): (the globals of a run on one thread, the
-    envpool steps it made), its envs made with envpool's own time limit unless max_episode_steps is given; each run
-    is made once."""
+    """recorded_run(name, seed, flags=default_flags, max_episode_steps=None) -> (the globals of a run on one thread,
+    the envpool steps it made), each run made once; envpool's own time limit unless max_episode_steps is given."""
     import envpool
 
     cache = {}

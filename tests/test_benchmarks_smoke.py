@@ -1,11 +1,6 @@
-"""Every tool in benchmarks/ runs, in its smallest configuration, as a user starts it (a subprocess from the
-repository root): a refactor of the scripts or of run_utils.py that breaks a tool fails here, not in front of a user
-(micro_benchmark.py once stopped at its first import, `No module named 'run_utils'`, unnoticed).
-
-A tool X tested end to end in a file of its own (tests/test_X.py) runs there; the others run here. The compile
-configurations run with TORCH_COMPILE_DISABLE=1: torch.compile then returns the function unchanged, so the tool's
-plumbing (flags, runs, tables) is checked in seconds; compiling is what the pairs' own tests check.
-"""
+"""Every tool in benchmarks/ without a tests/test_<tool>.py runs here in its smallest configuration, as a user starts
+it (a subprocess from the repository root). Compile configurations run with TORCH_COMPILE_DISABLE=1: the tool's
+plumbing is checked in seconds; compiling is what the pairs' own tests check."""
 
 import json
 import os
@@ -26,9 +21,7 @@ NO_COMPILE = {"TORCH_COMPILE_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
 def run_tool(tool, *args, env=None, timeout=600):
-    command = [str(BENCHMARKS / tool), *map(str, args)]
-    if tool.endswith(".py"):
-        command.insert(0, sys.executable)
+    command = [*[sys.executable] * tool.endswith(".py"), str(BENCHMARKS / tool), *map(str, args)]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(command, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
 
@@ -42,9 +35,7 @@ def table_rows(text, first_cell=r"[^|-]"):
 def test_every_tool_has_a_smoke_test():
     tools = {path for path in BENCHMARKS.iterdir() if path.suffix in (".py", ".sh") and path.name != "common.py"}
     elsewhere = {tool.name for tool in tools if (REPO_ROOT / "tests" / f"test_{tool.stem}.py").is_file()}
-    untested = {tool.name for tool in tools} - elsewhere - TESTED_HERE
-    assert not untested, f"tools in benchmarks/ with no test that runs them: {sorted(untested)}"
-    assert TESTED_HERE <= {tool.name for tool in tools} - elsewhere
+    assert {tool.name for tool in tools} - elsewhere == TESTED_HERE, "a tool with no test that runs it, or a stale name"
 
 
 def test_micro_benchmark_times_every_algorithm_and_configuration(tmp_path):
@@ -76,7 +67,7 @@ def test_micro_benchmark_times_every_algorithm_and_configuration(tmp_path):
 
 @pytest.mark.parametrize("flag", ["--repeats", "--calls"])
 def test_micro_benchmark_refuses_a_count_below_one(flag, monkeypatch, capsys):
-    """In this process (a subprocess costs seconds of imports): the tool's __main__, as its command line runs it."""
+    """In this process: the tool's __main__, as its command line runs it."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / "micro_benchmark.py"), flag, "0"])
     with pytest.raises(SystemExit) as exit_:
@@ -86,9 +77,8 @@ def test_micro_benchmark_refuses_a_count_below_one(flag, monkeypatch, capsys):
 
 
 def test_bf16_gradients_of_saved_sac_and_td3_agents(tmp_path):
-    """The tool on checkpoints of tiny runs (SAC's plain script, TD3's twin: a pair's checkpoints are alike): a row
-    per network, bf16's gradient near fp32's and nearer than fp32's on another batch, yet not equal (a bias above 0:
-    bf16 was on); a checkpoint of another algorithm and --batches 1 are refused in one line."""
+    """On tiny runs' checkpoints (SAC's plain script, TD3's twin): per network, bf16's gradient near fp32's, nearer
+    than fp32's on another batch, not equal (bias > 0); another algorithm's checkpoint and --batches 1 refused."""
     for script in ("sac_continuous_action", "td3_continuous_action_torchcompile"):
         checkpoint = tmp_path / f"{script}.pt"
         flags = "--env-id Pendulum-v1 --learning-starts 100 --batch-size 32 --total-timesteps 300 --eval-episodes 0"
@@ -142,21 +132,17 @@ def test_gpu_check_without_a_gpu_stops_in_one_line(tmp_path):
 
 
 def test_gpu_check_table_stage_makes_the_speedup_table(tmp_path):
-    """The table stage on a machine where torch is told to see a GPU (a python that answers the CUDA check yes, and
-    runs everything else as this python): it joins the speedup:S stages' results into one table."""
+    """The table stage, with a python that says CUDA is there: it joins the speedup:S stages' results into one table."""
     fake_python = tmp_path / "python"
-    fake_python.write_text(
-        "#!/usr/bin/env bash\n"
-        '[[ $1 == -c && $2 == *cuda.is_available* ]] && exit 0\n'
-        f'exec {sys.executable} "$@"\n'
-    )  # fmt: skip
+    fake_python.write_text("#!/usr/bin/env bash\n[[ $1 == -c && $2 == *cuda.is_available* ]] && exit 0\n"
+                           f'exec {sys.executable} "$@"\n')  # fmt: skip
     fake_python.chmod(0o755)
     out = tmp_path / "out"
+    machine = {"cpu": "Test CPU", "cores": 2, "gpu": None, "torch": "2.13.0", "torch_threads": 1}
     for seed in (1, 2):
-        (out / f"speedup-seed{seed}").mkdir(parents=True)
-        write_results(out / f"speedup-seed{seed}" / "results.jsonl", [r for r in HAND_MADE if r["seed"] == seed])
-        machine = {"cpu": "Test CPU", "cores": 2, "gpu": None, "torch": "2.13.0", "torch_threads": 1}
-        (out / f"speedup-seed{seed}" / "machine.json").write_text(json.dumps(machine))
+        (stage := out / f"speedup-seed{seed}").mkdir(parents=True)
+        write_results(stage / "results.jsonl", [r for r in HAND_MADE if r["seed"] == seed])
+        (stage / "machine.json").write_text(json.dumps(machine))
     completed = run_tool("gpu_check.sh", out, "table", env={"PYTHON": str(fake_python), "PATH": os.environ["PATH"]})
     assert completed.returncode == 0, describe(completed)
     assert "=== table" in completed.stdout and completed.stdout.rstrip().endswith("status 0"), describe(completed)

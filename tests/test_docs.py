@@ -1,10 +1,7 @@
-"""Tests of the documentation: a figure lives once, beside its results or curve file, and the pages that quote it quote
-it as that file says; every relative link leads somewhere; a count the README gives of a page is the page's.
+"""The documentation: pages quote each figure as its results or curve file says, relative links lead somewhere, a count
+the README gives of a page is the page's. Each check also runs on a page made wrong, and must find it."""
 
-Each check is also run on a page changed to be wrong, and must find it. No training run: the results files are read,
-and the table tool runs on them (seconds).
-"""
-
+import functools
 import json
 import re
 import statistics
@@ -96,36 +93,31 @@ def broken_links(page):
 
 @pytest.fixture(scope="module")
 def speedup_tables(tmp_path_factory):
-    """results folder -> (header, {(algorithm, env): {column: cell}}) of the sps table speedup_table.py writes for
-    its results.jsonl, each folder's made once."""
-    made = {}
+    """results folder -> (header, {(algorithm, env): {column: cell}}) of speedup_table.py's sps table of its results."""
 
+    @functools.cache
     def make(folder):
-        if folder not in made:
-            out = tmp_path_factory.mktemp(folder.name)
-            tool = REPO_ROOT / "benchmarks" / "speedup_table.py"
-            command = [sys.executable, str(tool), str(folder / "results.jsonl"), "--out", str(out)]
-            completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
-            assert completed.returncode == 0, completed.stderr
-            lines = (out / "speedup.md").read_text().splitlines()
-            (header, rows), *_ = tables(lines[lines.index("### Training speed") :])
-            made[folder] = header, {(row[0], row[1]): dict(zip(header, row, strict=True)) for row in rows}
-        return made[folder]
+        out = tmp_path_factory.mktemp(folder.name)
+        tool = REPO_ROOT / "benchmarks" / "speedup_table.py"
+        command = [sys.executable, str(tool), str(folder / "results.jsonl"), "--out", str(out)]
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert completed.returncode == 0, completed.stderr
+        lines = (out / "speedup.md").read_text().splitlines()
+        (header, rows), *_ = tables(lines[lines.index("### Training speed") :])
+        return header, {(row[0], row[1]): dict(zip(header, row, strict=True)) for row in rows}
 
     return make
 
 
-def speed_table_problems(page, title_start, speedup_tables, extra_columns=()):
-    """How the first table of a page's section differs from the tool's table of the results folders
-    (docs/results/<machine>_<date>/) the section links to: a row of several folders is the newest folder's."""
+def speed_table_problems(speedup_tables, page, title_start, extra_columns=()):
+    """How the first table of a page's section differs from the tool's tables of the docs/results/ folders the section
+    links to (a row of several folders is the newest's)."""
     lines = section(page.read_text(), title_start)
     folders = dict.fromkeys((page.parent / target.partition("#")[0]).resolve() for target in links(lines))
     folders = [folder for folder in folders if folder.is_dir() and folder.parent == DOCS / "results"]
     folders.sort(key=lambda folder: folder.name.rsplit("_", 1)[-1])  # by date; of one date, as linked
     assert folders, f"the section {title_start!r} of {page.name} links to no folder of docs/results/"
-    found = tables(lines)
-    assert found, f"no table in the section {title_start!r} of {page.name}"
-    header, rows = found[0]
+    (header, rows), *_ = tables(lines)
     made = {}  # (algorithm, env) -> (folder, {column: cell}); the newest folder last, so it wins
     for folder in folders:
         tool_header, tool_rows = speedup_tables(folder)
@@ -143,17 +135,16 @@ def speed_table_problems(page, title_start, speedup_tables, extra_columns=()):
     return problems
 
 
-@pytest.mark.parametrize(
-    "page, title_start, extra_columns",
-    [
-        (README, "CPU, 2 cores", ()),
-        (README, "GPU, one H100", ()),
-        (DOCS / "speed_cpu.md", "The table", ("time to steady state, `--compile`",)),
-    ],
-    ids=["readme-cpu", "readme-gpu", "speed_cpu"],
-)
-def test_speed_table_is_the_tools_table_of_the_cited_results(page, title_start, extra_columns, speedup_tables):
-    assert speed_table_problems(page, title_start, speedup_tables, extra_columns) == []
+SPEED_TABLES = {  # the page, the start of its section's title, its columns that are not the tool's
+    "readme-cpu": (README, "CPU, 2 cores"),
+    "readme-gpu": (README, "GPU, one H100"),
+    "speed_cpu": (DOCS / "speed_cpu.md", "The table", ("time to steady state, `--compile`",)),
+}
+
+
+@pytest.mark.parametrize("case", SPEED_TABLES)
+def test_speed_table_is_the_tools_table_of_the_cited_results(case, speedup_tables):
+    assert speed_table_problems(speedup_tables, *SPEED_TABLES[case]) == []
 
 
 def test_speed_table_check_catches_a_changed_cell_and_a_missing_row(tmp_path, speedup_tables):
@@ -161,18 +152,17 @@ def test_speed_table_check_catches_a_changed_cell_and_a_missing_row(tmp_path, sp
     row = next(line for line in section(text, "CPU, 2 cores") if line.startswith("| dqn |"))
     page = tmp_path / "README.md"
     page.write_text(text)
-    assert speed_table_problems(page, "CPU, 2 cores", speedup_tables) == []
+    assert speed_table_problems(speedup_tables, page, "CPU, 2 cores") == []
     for mutated in (row.replace(" | 1.17x", " | 1.18x"), None):
         page.write_text(text.replace(row + "\n", "" if mutated is None else mutated + "\n"))
-        assert speed_table_problems(page, "CPU, 2 cores", speedup_tables), mutated
+        assert speed_table_problems(speedup_tables, page, "CPU, 2 cores"), mutated
 
 
 SPEED_UP_RANGE = re.compile(r"(\d+\.\d+)x to (\d+\.\d+)x")
 
 
 def headline_ranges(text):
-    """The README's headline ranges of speed-ups (its first prose, before the first section: the CPU range, then the
-    GPU range), and the lowest and highest speed-up of its CPU and GPU tables."""
+    """The README's headline ranges of speed-ups (CPU, then GPU), and its CPU and GPU tables' lowest and highest."""
     stated = SPEED_UP_RANGE.findall(" ".join(text.split("\n## ", 1)[0].split()))
     tabled = []
     for title in ("CPU, 2 cores", "GPU, one H100"):
@@ -196,8 +186,7 @@ RATIO = re.compile(r"\d+\.\d+x")
 
 
 def peers_table_ratio(path, pair):
-    """The ratio peers.py's table at path gives a pair (e.g. '1.15x'): its one row with a ratio (LeanRL's SAC and TD3
-    have a failed --compile row, then their eager fallback's)."""
+    """The ratio of peers.py's table at path for a pair (e.g. '1.15x'): its one row with a ratio."""
     for header, rows in tables(path.read_text().splitlines()):
         if "pair" in header and "ours / theirs" in header:
             ratios = [row[header.index("ours / theirs")] for row in rows if row[header.index("pair")] == pair]
@@ -208,8 +197,8 @@ def peers_table_ratio(path, pair):
 
 
 def peers_runs_ratio(path, pair):
-    """The ratio of the medians of the runs recorded in the .jsonl beside a peers table, as peers.py computes it:
-    ours with --compile alone, theirs the variant that measured (their fallback where --compile failed)."""
+    """The ratio of the medians of the runs in the .jsonl beside a peers table: ours with --compile alone, theirs of
+    the variant that measured."""
     runs = [json.loads(line) for line in path.with_suffix(".jsonl").read_text().splitlines() if line.strip()]
     runs = [run for run in runs if run["pair"] == pair]
     ours = [run["sps"] for run in runs if (run["side"], run["variant"]) == ("ours", "--compile") and run["sps"]]
@@ -233,8 +222,8 @@ def readme_peer_quotes(text):
 
 
 def test_peer_ratios_are_the_peers_tables_and_the_runs_beside_them():
-    """The README quotes each pair once, each ratio with its results file, as speed_cpu.md's tables do; each ratio is
-    the one of the peers table it cites and of the runs recorded beside that table."""
+    """The README and speed_cpu.md quote each pair's ratio once, with its results file: that peers table's ratio, and
+    that of the runs recorded beside it."""
     text = README.read_text()
     quotes, every_ratio = readme_peer_quotes(text)
     pairs = [pair for pair, _, _ in quotes]
@@ -287,16 +276,14 @@ def step_of(cell):
     return int(cell.split()[0].replace(",", ""))
 
 
-def curve_conflicts(paths):
-    """'command at step over window: figures' wherever two curve tables (or one) give the same command (the `run`
-    column) at the same step over the same window two figures."""
+def curve_conflicts(texts):
+    """'run at step over window: figures' wherever curve tables ({name: text}) give one run at one step two figures."""
     figures = {}
-    for path in paths:
-        text = path.read_text()
+    for name, text in texts.items():
         for _, row in learning_rows(text):
             if not row["ours"].startswith("not reached"):
                 key = (row["run"], step_of(row["step"]), row["ours averages"])
-                figures.setdefault(key, {}).setdefault(row["ours"], []).append(path.name)
+                figures.setdefault(key, {}).setdefault(row["ours"], []).append(name)
     return [f"{key}: {found}" for key, found in figures.items() if len(found) > 1]
 
 
@@ -311,27 +298,19 @@ SAC_RUN = "sac_continuous_action_torchcompile.py --compile --total-timesteps 300
 SAC_ROW = ("300,000", SAC_RUN, "9377.7 ± 225.4", "1: 9562.6, 2: 9192.8", "last 20 episodes")
 
 
-def test_one_command_at_one_step_has_one_figure(tmp_path):
-    assert curve_conflicts(sorted((DOCS / "curves").glob("*.md"))) == []
-
-    first, second = tmp_path / "a.md", tmp_path / "b.md"
+def test_one_command_at_one_step_has_one_figure():
+    assert curve_conflicts({path.name: path.read_text() for path in (DOCS / "curves").glob("*.md")}) == []
     other = ("300,000 (end)", SAC_RUN, "8696.5 ± 936.2", "1: 7760.3, 2: 9632.7", "last 20 episodes")
-    first.write_text(curve_table([SAC_ROW]))
-    second.write_text(curve_table([other]))
-    assert len(curve_conflicts([first, second])) == 1
-    second.write_text(curve_table([SAC_ROW]))
-    assert curve_conflicts([first, second]) == []  # the same figure twice is one figure
-    second.write_text(curve_table([(*other[:4], "last 100 episodes")]))
-    assert curve_conflicts([first, second]) == []  # another window, another measure
+    # another figure conflicts; the same figure twice is one figure; another window is another measure
+    for second, conflicts in ((other, 1), (SAC_ROW, 0), ((*other[:4], "last 100 episodes"), 0)):
+        assert len(curve_conflicts({"a.md": curve_table([SAC_ROW]), "b.md": curve_table([second])})) == conflicts
 
 
 def readme_learning_problems(text, root):
-    """(problems, figures checked) of the README's learning table: each figure of its twin and plain columns is a row of
-    the curve table the row links to (paths relative to root), in the panel of its env, at its budget, of a twin
-    (`_torchcompile`, no `--bf16`) or plain run, over the last 100 episodes beside a CleanRL figure at that step and the
-    last 20 elsewhere, with the seeds it names; its random policy's score is the table's."""
+    """(problems, figures checked) of the README's learning table: each twin (no --bf16) and plain figure is a row of
+    the curve table the row links to, of its env and budget, over the last 100 episodes beside a CleanRL figure at that
+    step (else 20), with the seeds it names; its random policy's score is the table's."""
     (header, rows), *_ = tables(section(text, "Learning"))
-    # A column by its first word: "twin `--compile` (mean ± std over seeds)" is "twin".
     column = {re.match(r"\w*", title).group(): index for index, title in enumerate(header)}
     problems, checked = [], 0
     for row in rows:
@@ -416,15 +395,11 @@ def test_link_check_catches_a_missing_file_and_a_missing_anchor_and_its_anchors_
     assert problems == ["missing.md", "other.md#not-a-heading", "#there"]
 
 
-NUMBERS = (
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
-    "eighteen nineteen twenty"
-).split()
+NUMBERS = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen".split()
 
 
 def test_readme_counts_the_lessons_of_tips():
-    """The README's count of lessons ("Thirteen lessons from these pairs") is that of tips.md's numbered items, 1 to n
-    (an item's further lines are indented, so not counted)."""
+    """The README's count of lessons ("Thirteen lessons from these pairs") is that of tips.md's numbered items."""
     lines = prose_lines((DOCS / "tips.md").read_text())
     items = [int(match.group(1)) for line in lines if (match := re.match(r"(\d+)\. ", line))]
     assert items == list(range(1, len(items) + 1)), items

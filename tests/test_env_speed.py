@@ -57,8 +57,7 @@ def test_bad_input_is_refused_in_one_line(tmp_path, flags, error):
 
 @requires_cuda
 def test_frames_table_times_each_copy_against_the_envs_alone():
-    """Each copy's cost is its steps' time less the envs' own, per step of every env: read back from the rates of the
-    table's rows, each against the first row's (the envs alone), to the rounding of the printed rates."""
+    """Each copy's cost is its steps' time less the envs' own (the first row), per env step, to the printed rounding."""
     header, *rows = run_tool("--scripts", "ppo_atari_envpool", "--frames", rows=r"\| (envs|\+ frames|Breakout)")
     num_envs = int(re.fullmatch(r"Breakout-v5, (\d+) envs", header[0])[1])
     assert [row[0] for row in rows] == ["envs alone", "+ frames to the GPU, pageable (torch.as_tensor)",

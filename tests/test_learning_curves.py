@@ -1,7 +1,5 @@
-"""benchmarks/learning_curves.py: a batch records each seed's episodes as its script reports them, skips recorded seeds,
-resumes an interrupted one from its checkpoint, is killed by a second signal, runs a world of processes (torchrun) with
-a random policy's Atari games; the plot and table read both formats of records; bad input: one line, exit status 2.
-"""
+"""benchmarks/learning_curves.py: batches of runs (resumed, interrupted, torchrun worlds) record each seed's episodes;
+the plot and tables read them; bad input: one line, exit status 2."""
 
 import json
 import os
@@ -49,9 +47,8 @@ def dead(pid):
 
 
 def test_a_batch_records_each_seeds_episodes_as_the_script_reports_them(tmp_path):
-    """Two seeds: each record holds the script's own returns, stamped with the steps done (CartPole pays 1 a step)
-    and the run's seconds; --keep-model keeps the trained agent beside it, no hidden file is left; a rerun skips
-    both seeds and leaves their records as they were; flags the script refuses stop the batch, with its line."""
+    """Each seed's record holds the script's returns at their steps and seconds, --keep-model its agent; a rerun skips
+    recorded seeds; flags the script refuses stop the batch with its line."""
     first = tool("run", "--script", "dqn", "--seeds", 1, 2, "--out", tmp_path, "--keep-model", "--", *DQN)
     assert first.returncode == 0, describe(first)
     names = [learning_curves.record_name("dqn", list(DQN), seed) for seed in (1, 2)]
@@ -77,9 +74,8 @@ def test_a_batch_records_each_seeds_episodes_as_the_script_reports_them(tmp_path
     assert "seed 4" not in refused.stdout and len(list(tmp_path.iterdir())) == 4
 
 
-# dqn.py run as it is, but that after its checkpoint of step $HOLD_AT it writes its pid to $HELD_FILE and holds: until
-# a signal reaches it ($HOLD=signal) or for good ($HOLD=kill), and only while its batch lives (a run in a session of
-# its own outlives a batch that died, and must not hang on). The tool reads the run's flags with its Args.
+# dqn.py, but after its checkpoint of step $HOLD_AT it writes its pid to $HELD_FILE and holds while its batch lives:
+# until a signal reaches it ($HOLD=signal) or for good ($HOLD=kill).
 HELD_SCRIPT = """
 import os, runpy, sys, time
 sys.path.insert(0, {leanrl!r})
@@ -102,11 +98,8 @@ if __name__ == "__main__":
 
 
 def test_an_interrupted_seed_goes_on_from_its_checkpoint_and_a_second_signal_kills(tmp_path):
-    """--checkpoint-every 200, three sittings of one seed. 1: held at step 200, a Ctrl-C then a SIGTERM to the batch
-    alone: the run is killed (it never ends, never writes its results line), its checkpoint of step 200 kept. 2: the
-    same command resumes there; held at step 400, a SIGTERM to the batch: passed on, the run ends after its step,
-    saves its checkpoint and leaves its record so far, hidden. 3: resumed at 400, the run ends; its record holds the
-    episodes of all sittings, stamped in order on one clock, the steps it was resumed at, and no hidden file is left."""
+    """Three sittings: Ctrl-C then SIGTERM kill the run held at step 200 (its checkpoint kept); resumed, a SIGTERM is
+    passed on and the run saves step 400 and its record so far; resumed, it ends with every sitting's episodes."""
     script, out, held = tmp_path / "held" / "dqn.py", tmp_path / "out", tmp_path / "held.pid"
     script.parent.mkdir()
     script.write_text(HELD_SCRIPT.format(leanrl=str(REPO_ROOT / "leanrl")))
@@ -115,7 +108,7 @@ def test_an_interrupted_seed_goes_on_from_its_checkpoint_and_a_second_signal_kil
     model, results, so_far = (out / f".{name.removesuffix('.json')}{end}" for end in (".pt", ".results.jsonl", ".json"))
 
     def sitting(hold_at, hold, *signals):
-        """The batch's exit status, output and held run's pid; the signals go to the batch once its run holds."""
+        """The batch's exit status, output and held run's pid; the signals go to the batch alone once its run holds."""
         batch = tool(*args, env={"HOLD_AT": str(hold_at), "HOLD": hold, "HELD_FILE": str(held)}, wait=False)
         try:
             while signals and not held.exists():
@@ -157,8 +150,8 @@ def test_an_interrupted_seed_goes_on_from_its_checkpoint_and_a_second_signal_kil
 
 
 def test_a_world_of_processes_is_recorded_with_a_random_policys_games(tmp_path):
-    """--processes 2: torchrun; the record of every rank's games (the last 20: the script's final return) at the global
-    steps; --random-games 2: a random policy's games of the same Atari game, in its points (Asterix: 50s)."""
+    """--processes 2: every rank's games at the global steps (the last 20: the script's final return); --random-games 2:
+    a random policy's games of the same Atari game, in its points (Asterix: 50s)."""
     script = "ppo_atari_envpool_distributed"
     flags = ["--env-id", "Asterix-v5", "--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "128"]
     flags += ["--update-epochs", "1", "--num-minibatches", "2"]
@@ -177,8 +170,8 @@ def test_a_world_of_processes_is_recorded_with_a_random_policys_games(tmp_path):
 
 
 def test_also_bf16_runs_each_seed_with_and_without_it_where_bf16_is_fast(tmp_path, monkeypatch):
-    """In this process, the runs faked: where bf16 is faster than fp32 (run_utils.fast_bf16, whatever this machine),
-    each seed runs with the flags given and then with --bf16 added (elsewhere: refused, BAD_INPUT's also-bf16-slow)."""
+    """The runs faked: where bf16 is faster than fp32, each seed runs with the flags given, then with --bf16 added
+    (elsewhere: refused, BAD_INPUT's also-bf16-slow)."""
     runs = []
 
     def run_seed(script, flags, seed, path, *rest):
@@ -214,8 +207,7 @@ BAD_INPUT = {
 
 @pytest.mark.parametrize("case", BAD_INPUT)
 def test_bad_input_exits_2_with_one_line(case, tmp_path, monkeypatch, capsys):
-    """In this process (none of these starts a run), on a machine where bf16 is no faster than fp32: exit status 2,
-    one line on stderr, nothing written."""
+    """In this process, on a machine where bf16 is no faster than fp32: exit status 2, one line, nothing written."""
     monkeypatch.setattr(learning_curves, "describe_machine", lambda: {"fast_bf16": False})
     args, words = BAD_INPUT[case]
     (tmp_path / "file").write_text("")
@@ -234,9 +226,8 @@ def test_bad_input_exits_2_with_one_line(case, tmp_path, monkeypatch, capsys):
 
 
 def write_record(folder, script, algo, env_id, budget, seed, flags=("--compile",), timed=True, offset=0, **fields):
-    """A record as the tool wrote them: an episode every 1000 steps, return step / 100 + 10 * seed + offset, at
-    1800 * seed * step / budget seconds (timed=False: [step, return], as before the tool recorded times); fields: the
-    newer ones (world_size, random_policy_returns) and script_path."""
+    """A record as the tool writes them: an episode every 1000 steps, return step / 100 + 10 * seed + offset, at
+    1800 * seed * step / budget seconds (timed=False: no seconds, as older records); fields: the optional ones."""
     flags = [*flags, "--total-timesteps", str(budget)]
     steps = range(1000, budget + 1, 1000)
     episodes = [[step, step / 100 + 10 * seed + offset, 1800.0 * seed * step / budget] for step in steps]
@@ -317,9 +308,8 @@ def test_reach_is_the_first_full_window_at_or_above_the_return():
 
 
 def test_the_plot_draws_the_published_figures_and_each_seed_against_time(made_records, tmp_path):
-    """On the steps axes, each published figure of the panel's algorithm and env at its step, ± its std, a circle for
-    training episodes and a diamond for an evaluation; beside it, a curve per seed against minutes (hours past 2
-    hours), in its run's colour, a record without seconds left out with a legend line saying so."""
+    """Each published figure at its step, ± its std (circle: training episodes, diamond: evaluation); a curve per seed
+    against minutes (hours past 2 hours) in its run's colour, a record without seconds left out, said in the legend."""
     write_record(tmp_path / "long", "td3_continuous_action", "td3", "HalfCheetah-v5", 20_000, 5)  # 9000 s
     fig = learning_curves.figure(learning_curves.read_folders([*made_records, tmp_path / "long"]), 20)
     axes = {ax.get_title(): ax for ax in fig.axes}
@@ -373,21 +363,20 @@ def test_the_table_says_whether_bf16_learns_as_fp32_by_the_band_written_down_bef
     assert [row[-1] for row in rows("td3")] == ["not reached (runs end at 100,000)"] * 2 + ["not decided yet"]
 
 
+PUBLISHED = r"(\w[\w ]*?) (\d+(?:\.\d+)?) ± (\d+(?:\.\d+)?)(?: at (\d+)([kM]))?"  # source mean ± std (at step)
+
+
 def test_published_figures_are_those_the_readme_cites():
-    """Each published figure the README's learning table cites (source, mean ± std, at the budget or the step it
-    names) is in the tool's table for that algorithm and env: the plots and tables show what the README quotes."""
-    lines = (REPO_ROOT / "README.md").read_text().split("\n## Learning\n", 1)[1].split("\n## ", 1)[0].splitlines()
-    header, _, *rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines if line.startswith("|")]
-    column = next(index for index, name in enumerate(header) if name.startswith("published"))
+    """Each published figure of the README's learning table (source, mean ± std, at its budget or the step it names)
+    is one of the tool's references for that algorithm and env."""
     scale, cited = {"k": 1_000, "M": 1_000_000}, 0
-    for row in rows:
-        algo = re.search(r"docs/curves/(\w+)\.md", row[-1])[1]
-        env_id, count, unit = re.fullmatch(r"(\S+), (\d+)([kM])", row[1]).groups()
-        pattern = r"(\w[\w ]*?) (\d+(?:\.\d+)?) ± (\d+(?:\.\d+)?)(?: at (\d+)([kM]))?"
-        for source, value, spread, at, at_unit in re.findall(pattern, row[column]):
+    for row in markdown_rows((REPO_ROOT / "README.md").read_text(), "Learning"):
+        env_id, count, unit = re.fullmatch(r"(\S+), (\d+)([kM])", row["env, budget"]).groups()
+        refs = learning_curves.references(re.search(r"docs/curves/(\w+)\.md", list(row.values())[-1])[1], env_id)
+        published = next(cell for column, cell in row.items() if column.startswith("published"))
+        for source, value, spread, at, at_unit in re.findall(PUBLISHED, published):
             step = int(at) * scale[at_unit] if at else int(count) * scale[unit]
-            assert any((ref.step, ref.value, ref.spread) == (step, float(value), float(spread))
-                       and ref.source.startswith(source) for ref in learning_curves.references(algo, env_id)), (
-                f"README cites {source} {value} ± {spread} at {step} for {algo}: not in the tool's table")  # fmt: skip
+            known = {(ref.step, ref.value, ref.spread, ref.source[: len(source)]) for ref in refs}
+            assert (step, float(value), float(spread), source) in known, (row, source, value, spread, step)
             cited += 1
     assert cited >= 5, f"{cited} published figures found in the README's learning table"

@@ -1,8 +1,5 @@
-"""Tests of benchmarks/peers.py on stand-ins: fake clones of LeanRL and CleanRL, made in tmp_path, whose scripts hold
-today's lines of the real scripts around what the tool's edits replace (TODAY) and print sps as the real ones do,
-beside fake scripts of ours that write a results line. The sps of each seed are set by the fakes, so the medians and
-ratios of the table are known. No real training: each fake run is a Python process that prints and exits.
-"""
+"""benchmarks/peers.py on stand-ins: fake clones of LeanRL and CleanRL whose scripts hold the texts the tool's edits
+replace and print set sps as theirs do, beside fake twins of ours."""
 
 import importlib.util
 import json
@@ -24,95 +21,18 @@ OURS_SPS = {1: 300.0, 2: 100.0, 3: 200.0}  # median 200
 THEIRS_SPS = {1: 50.0, 2: 100.0, 3: 80.0}  # median 80: ours / theirs 2.50x
 DYNAMO_ERROR = "torch._dynamo.exc.InternalTorchDynamoError: NameError: name 'SYNTHETIC_LOCAL' is not defined"
 
-# Each peer script's lines around the texts its edits replace (and its imports from its repository's root), verbatim
-# from the versions PEERS names (LeanRL's main at 760837e, CleanRL's master at fe8d8a0), excerpts one after another:
-# the edits are checked against what a user clones today.
-TODAY = {
-    "leanrl-ppo_atari": """\
-# import gymnasium as gym
-import gym
-# This is a quick fix while waiting for https://github.com/pytorch/pytorch/pull/138080 to land
-Categorical.logits = property(Categorical.__dict__["logits"].wrapped)
-Categorical.probs = property(Categorical.__dict__["probs"].wrapped)
-        self.num_envs = getattr(env, "num_envs", 1)
-        observations, rewards, dones, infos = super().step(action)
-    envs.num_envs = args.num_envs
-    envs.single_action_space = envs.action_space
-    envs.single_observation_space = envs.observation_space
-    agent_inference_p.to_module(agent_inference)
-    next_obs = torch.tensor(envs.reset(), device=device, dtype=torch.uint8)
-""",
-    "leanrl-ppo_continuous": """\
-        env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10))
-            for info in infos["final_info"]:
-                r = float(info["episode"]["r"].reshape(()))
-        [make_env(args.env_id, i, args.capture_video, run_name, args.gamma) for i in range(args.num_envs)]
-    )
-    agent_inference_p.to_module(agent_inference)
-""",
-    "leanrl-sac": """\
-    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, args.seed, 0, args.capture_video, run_name)])
-    from_module(actor).data.to_module(actor_detach)
-    policy = TensorDictModule(actor_detach.get_action, in_keys=["observation"], out_keys=["action"])
-            for info in infos["final_info"]:
-                r = float(info["episode"]["r"])
-                real_next_obs[idx] = torch.as_tensor(infos["final_observation"][idx], device=device, dtype=torch.float)
-""",
-    "leanrl-td3": """\
-    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, args.seed, 0, args.capture_video, run_name)])
-    from_module(actor).data.to_module(actor_detach)
-        target_actor_params.to_module(target_actor)
-        with qnet_params.data[0].to_module(qnet):
-            for info in infos["final_info"]:
-                r = float(info["episode"]["r"].reshape(()))
-        if "final_observation" in infos:
-                np.asarray(list(infos["final_observation"][truncations]), dtype=np.float32), device=device, dtype=torch.float
-""",  # noqa: E501 (their lines)
-    "cleanrl-td3": """\
-from cleanrl_utils.buffers import ReplayBuffer
-    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, args.seed, 0, args.capture_video, run_name)])
-            for info in infos["final_info"]:
-                real_next_obs[idx] = infos["final_observation"][idx]
-                print("SPS:", int(global_step / (time.time() - start_time)))
-""",
-    "cleanrl-dqn": """\
-from cleanrl_utils.buffers import ReplayBuffer
-        [make_env(args.env_id, args.seed + i, i, args.capture_video, run_name) for i in range(args.num_envs)]
-    )
-            for info in infos["final_info"]:
-                real_next_obs[idx] = infos["final_observation"][idx]
-                    print("SPS:", int(global_step / (time.time() - start_time)))
-""",
-    "cleanrl-ppo_atari": """\
-import flax.linen as nn
-import gym
-    critic_params: flax.core.FrozenDict
-    envs.num_envs = args.num_envs
-    envs.single_action_space = envs.action_space
-    envs.single_observation_space = envs.observation_space
-    envs.is_vector_env = True
-        handle, (next_obs, reward, next_done, info) = step_env(handle, action)
-            episode_returns=(new_episode_return) * (1 - info["terminated"]) * (1 - info["TimeLimit.truncated"]),
-            episode_lengths=(new_episode_length) * (1 - info["terminated"]) * (1 - info["TimeLimit.truncated"]),
-                info["terminated"] + info["TimeLimit.truncated"], new_episode_return, episode_stats.returned_episode_returns
-                info["terminated"] + info["TimeLimit.truncated"], new_episode_length, episode_stats.returned_episode_lengths
-    next_obs = envs.reset()
-        print("SPS:", int(global_step / (time.time() - start_time)))
-""",  # noqa: E501 (their lines)
-}
-
-# A peer script: today's lines around every text its edits replace (inside a string, so that the edited copy still
-# runs), its imports from its repository's root, then a run that logs its arguments and prints its sps in its script's
-# way, or fails when FAIL_IF holds.
-FAKE_PEER = '''import json, sys
-{imports}
-EDITED = r"""
-{texts}
-"""
+# A peer script: its imports and the texts its edits replace (in a string, so the edited copy runs), then a run that
+# logs its arguments and prints its sps as its script does, or fails when fail_if holds.
+LOGGED = """import json, sys
 argv = sys.argv[1:]
 seed = int(argv[argv.index("--seed") + 1])
 with open({log!r}, "a") as f:
-    f.write(json.dumps(["theirs", sys.argv[0], argv]) + "\\n")
+    f.write(json.dumps([{side!r}, sys.argv[0], argv]) + "\\n")
+"""
+FAKE_PEER = '''{imports}
+EDITED = r"""
+{texts}
+"""
 if {fail_if}:
     sys.stderr.write("Traceback (most recent call last):\\n  File \\"x.py\\", line 1\\n{error}\\n\\nfrom user code:\\n"
                      "   File \\"x.py\\", line 2, in update_main\\n\\nSet TORCHDYNAMO_VERBOSE=1 for more\\n")
@@ -136,25 +56,20 @@ PRINTS = {
 }
 # The sps points CleanRL's scripts print before their steady state (PPO: its 1st and 2nd iterations compile).
 WARM_UP_POINTS = {"cleanrl-td3": 0, "cleanrl-dqn": 0, "cleanrl-ppo_atari": 2}
-FAKE_OURS = """import json, sys
-argv = sys.argv[1:]
-seed = int(argv[argv.index("--seed") + 1])
-with open({log!r}, "a") as f:
-    f.write(json.dumps(["ours", sys.argv[0], argv]) + "\\n")
-sps = {ours_sps}[seed] * (2 if "--bf16" in argv else 1)  # bf16: twice fp32's
+FAKE_OURS = """sps = {ours_sps}[seed] * (2 if "--bf16" in argv else 1)  # bf16: twice fp32's
 with open(argv[argv.index("--results-path") + 1], "a") as f:
     f.write(json.dumps(dict(script="{script}", seed=seed, sps=sps, device="cpu")) + "\\n")
 """
 
 
-def make_fakes(folder):
-    """Fake clones (LeanRL/, cleanrl/) and a fake leanrl/ of ours (ours/) in folder, their calls logged in
-    calls.jsonl: LeanRL's SAC fails with --compile as the real one does; CleanRL's TD3 prints no sps point for seed 2
-    (a run too short to measure); CleanRL's TD3 and DQN import the replay buffer of the fake cleanrl_utils/."""
-    log, ours = folder / "calls.jsonl", folder / "ours"
+@pytest.fixture
+def fakes(tmp_path):
+    """Fake clones (LeanRL/, cleanrl/) and twins of ours (ours/), their calls logged in calls.jsonl: LeanRL's SAC fails
+    with --compile as the real one does; CleanRL's TD3 prints no sps point for seed 2 (a run too short to measure)."""
+    log, ours = tmp_path / "calls.jsonl", tmp_path / "ours"
     ours.mkdir()
     for name, peer in peers.PEERS.items():
-        clone = folder / {"leanrl": "LeanRL", "cleanrl": "cleanrl"}[peer["repo"]]
+        clone = tmp_path / {"leanrl": "LeanRL", "cleanrl": "cleanrl"}[peer["repo"]]
         for module in peer.get("modules", ()):
             (clone / module).parent.mkdir(parents=True, exist_ok=True)
             (clone / module).write_text("class ReplayBuffer:\n    pass\n" if module.endswith("buffers.py") else "")
@@ -163,17 +78,14 @@ def make_fakes(folder):
         else:
             prints = f"SKIP, NO_POINTS = {WARM_UP_POINTS[name]}, {name == 'cleanrl-td3'}\n" + PRINTS["points"]
         (clone / peer["path"]).parent.mkdir(parents=True, exist_ok=True)
-        (clone / peer["path"]).write_text(FAKE_PEER.format(
-            imports="from cleanrl_utils.buffers import ReplayBuffer" if peer.get("modules") else "", texts=TODAY[name],
-            log=str(log), fail_if='"--compile" in argv' if name == "leanrl-sac" else "False", error=DYNAMO_ERROR,
-            theirs_sps=THEIRS_SPS, prints=prints))  # fmt: skip
-        (ours / peer["ours"]).write_text(FAKE_OURS.format(script=peer["ours"], log=str(log), ours_sps=OURS_SPS))
-    return folder
-
-
-@pytest.fixture
-def fakes(tmp_path):
-    return make_fakes(tmp_path)
+        (clone / peer["path"]).write_text((LOGGED + FAKE_PEER).format(
+            imports="from cleanrl_utils.buffers import ReplayBuffer" if peer.get("modules") else "",
+            texts="".join(edit.old * edit.count + "\n" for edit in peer["edits"]), log=str(log), side="theirs",
+            fail_if=name == "leanrl-sac" and '"--compile" in argv', error=DYNAMO_ERROR, theirs_sps=THEIRS_SPS,
+            prints=prints))  # fmt: skip
+        fake_ours = (LOGGED + FAKE_OURS).format(script=peer["ours"], log=str(log), side="ours", ours_sps=OURS_SPS)
+        (ours / peer["ours"]).write_text(fake_ours)
+    return tmp_path
 
 
 def options(fakes, *args):
@@ -201,10 +113,9 @@ def table_rows(text):
     return {(row["pair"], row["theirs"]): row for row in markdown_rows(text, "Our twins beside their peers")}
 
 
-def test_runs_alternate_with_their_budgets_and_the_table_has_the_known_ratios(tmp_path):
-    """The whole tool on the fakes: every pair, seeds 1 2 3, ours and theirs in turn (ours first for odd seeds),
-    LeanRL's SAC --compile failing (on purpose) and its eager fallback run at once; the same budget for both sides."""
-    fakes = make_fakes(tmp_path)
+def test_runs_alternate_with_their_budgets_and_the_table_has_the_known_ratios(fakes):
+    """Every pair, seeds 1 2 3, ours and theirs in turn (ours first for odd seeds), one budget for both; LeanRL's SAC
+    --compile failing (on purpose) and its eager fallback run at once."""
     completed = run_tool("--seeds", "1 2 3", fakes=fakes)
     assert completed.returncode == 1, completed.stderr[-3000:]
     calls, expected = calls_of(fakes), []
@@ -253,10 +164,9 @@ def test_runs_alternate_with_their_budgets_and_the_table_has_the_known_ratios(tm
 
 
 def test_edits_apply_to_copies_and_leave_the_clones_alone(fakes, monkeypatch, capsys):
-    """--apply-only, in this process: the edited copies, their diffs and the modules beside them; no run, and no check
-    of what the copies import (LeanRL's SAC importing a module not installed here); one warning line for each clone
-    file that is not the version its edits were written against, none for one that is (CleanRL's DQN, made so)."""
-    sac = fakes / "LeanRL" / peers.PEERS["leanrl-sac"]["path"]
+    """--apply-only: the edited copies, diffs and modules beside them, no run nor import check; a warning line for each
+    clone file that is not the version its edits were written against (all but CleanRL's DQN, made so)."""
+    sac = fakes.joinpath(*SAC_CLONE)
     sac.write_text("import json\nfrom leanrl_absent_module.data import ReplayBuffer\n" + sac.read_text())
     dqn = fakes / "cleanrl" / peers.PEERS["cleanrl-dqn"]["path"]
     monkeypatch.setitem(peers.PEERS["cleanrl-dqn"], "blob", peers.git_blob(dqn.read_bytes()))
@@ -283,46 +193,15 @@ def test_edits_apply_to_copies_and_leave_the_clones_alone(fakes, monkeypatch, ca
     script.write_bytes(b"print('hi')\n\xc3\xa9\n")
     found = subprocess.run(["git", "hash-object", str(script)], capture_output=True, text=True)
     assert found.returncode != 0 or peers.git_blob(script.read_bytes()) == found.stdout.strip()
-
-
-def replace_in(path, old, new):
-    path.write_text(path.read_text().replace(old, new))
-
-
-REFUSED = {  # what is done to the fakes, the pairs asked for, the end of the one line
-    "edit text not found": (
-        lambda fakes: replace_in(fakes / "LeanRL" / peers.PEERS["leanrl-sac"]["path"], 'out_keys=["action"])', ""),
-        "leanrl-ppo_atari leanrl-sac", "LeanRL's leanrl/sac_continuous_action_torchcompile.py (not its version at "
-        '6f8728e): edit policy-out-keys finds 0 of `in_keys=["observation"], out_keys=["action"])`, not 1'),
-    "module of their repository missing": (
-        lambda fakes: (fakes / "cleanrl" / "cleanrl_utils" / "buffers.py").unlink(), "cleanrl-dqn",
-        f"no cleanrl_utils/buffers.py in {{fakes}}/cleanrl (a clone of {peers.PEER_REPOS['cleanrl'][1]}?)"),
-    "module not installed": (  # CleanRL's DQN imports the cleanrl_utils copied beside it: not a missing module
-        lambda fakes: replace_in(fakes / "LeanRL" / peers.PEERS["leanrl-sac"]["path"], "import json, sys\n",
-                                 "import json, sys\nfrom leanrl_absent_module.data import ReplayBuffer\n"),
-        "cleanrl-dqn leanrl-sac", "leanrl-sac: their script imports leanrl_absent_module, which is not installed "
-        "here: pip install -r requirements/requirements-peers.txt"),
-}  # fmt: skip
-
-
-@pytest.mark.parametrize("case", REFUSED)
-def test_refused_in_one_line_before_any_run(fakes, case):
-    change, pairs, line = REFUSED[case]
-    change(fakes)
-    completed = run_tool("--pairs", pairs, fakes=fakes)
-    assert completed.returncode == 2 and completed.stderr.splitlines() == [f"peers.py: error: {line}".replace(
-        "{fakes}", str(fakes))], completed.stderr  # fmt: skip
-    assert not (fakes / "out").exists() and not calls_of(fakes)
     # torchrl, which requirements-peers.txt cannot pin beside our tensordict, is installed as it says
     requirements = (REPO_ROOT / "requirements" / "requirements-peers.txt").read_text()
     assert peers.INSTALL["torchrl"].split(" (")[0] in requirements
 
 
 def test_categorical_edit_mends_the_reported_error_on_this_torch():
-    """A user's report: today's LeanRL PPO Atari makes Categorical's logits and probs properties, and its first
-    Categorical then fails on this torch; the edited lines leave torch's Categorical as it is."""
+    """LeanRL PPO Atari's lines that make Categorical's logits and probs properties fail its first Categorical on this
+    torch (a user's report); the edited lines leave torch's Categorical as it is."""
     edit = next(edit for edit in peers.PEERS["leanrl-ppo_atari"]["edits"] if edit.name == "categorical-properties")
-    assert edit.old in TODAY["leanrl-ppo_atari"]
     script = ("import torch\nfrom torch.distributions.categorical import Categorical\n" + edit.old
               + "print(int(Categorical(logits=torch.zeros(3)).sample()) in (0, 1, 2))\n")  # fmt: skip
     broken = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
@@ -335,8 +214,8 @@ def test_categorical_edit_mends_the_reported_error_on_this_torch():
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fast-bf16", "no-fast-bf16"])
 def test_a_twin_with_bf16_also_runs_with_it_where_bf16_is_fast(fakes, monkeypatch, capsys, fast):
-    """The tool in-process, its machine faked (describe_machine's fast_bf16 as the test says): our TD3 twin declares a
-    --bf16 switch, as our SAC, TD3 and PPO Atari twins do, our DQN twin none; ours with --bf16 prints twice the sps."""
+    """In-process, bf16 fast or not: our fake TD3 twin declares a --bf16 switch (as the real one does), our DQN twin
+    none; ours with --bf16 prints twice the sps."""
     twin = fakes / "ours" / peers.PEERS["leanrl-td3"]["ours"]
     twin.write_text(twin.read_text() + "\n\nclass Args:\n    bf16: bool = False\n")
     machine = dict(cpu="Fake CPU", cores=2, torch_threads=2, gpu=None, torch="2.13.0", fast_bf16=fast)
@@ -359,11 +238,10 @@ def test_a_twin_with_bf16_also_runs_with_it_where_bf16_is_fast(fakes, monkeypatc
     assert td3["ours / theirs"] == "**2.50x**" and td3[BF16_COLUMN] == ("400.0 (**5.00x**)" if fast else "–"), td3
     per_seed = "1: 300.0 / 50.0 / 600.0; 2: 100.0 / 100.0 / 200.0; 3: 200.0 / 80.0 / 400.0" if fast else dqn[PER_SEED]
     assert td3[PER_SEED] == per_seed, td3
-    lines = {
-        True: "bf16: faster than fp32 here; ours also runs with --bf16 after each seed's fp32 run: leanrl-td3.",
-        False: f"bf16: not faster than fp32 here ({peers.FAST_BF16}): no --bf16 runs of ours, its column is –.",
-    }
-    assert lines[fast] in stdout.splitlines() and lines[fast] in text.splitlines(), stdout
+    line = "bf16: faster than fp32 here; ours also runs with --bf16 after each seed's fp32 run: leanrl-td3."
+    if not fast:
+        line = f"bf16: not faster than fp32 here ({peers.FAST_BF16}): no --bf16 runs of ours, its column is –."
+    assert line in stdout.splitlines() and line in text.splitlines(), stdout
 
 
 def test_edited_sps_print_gives_the_points_the_tool_reads(capsys):
@@ -390,26 +268,47 @@ def test_tiny_run_past_timeout_is_killed_and_reported(fakes):
     assert rows["cleanrl-dqn", "CleanRL jax.jit"]["theirs sps, median"] == "failed (1 of 1)"
 
 
-BAD_OPTIONS = {  # the options (after the fakes' but for "no clone option"), the words of the one line
-    "unknown pair": (["--pairs", "leanrl-dqn"], ["no pair 'leanrl-dqn'", "leanrl-sac"]),
-    "no pair": (["--pairs", " "], ["no pairs"]),
-    "bad seed": (["--seeds", "1 x"], ["seed 'x'"]),
-    "seed twice": (["--seeds", "1 1"], ["twice"]),
-    "timeout": (["--timeout", "0"], ["--timeout", "> 0"]),
-    "unknown option": (["--bogus"], ["unrecognized arguments: --bogus"]),
-    "no clone": (["--leanrl", "/no/such/folder"], ["--leanrl /no/such/folder: no such folder"]),
-    "used out": (["--pairs", "cleanrl-dqn", "--out", "USED"], ["already holds a peers.jsonl"]),
-    "no clone option": (["--pairs", "leanrl-td3 leanrl-sac"],
+SAC_CLONE = ("LeanRL", peers.PEERS["leanrl-sac"]["path"])
+BAD_INPUT = {  # a change to the fakes, the options (after the fakes' but for "no clone option"), the line's words
+    "unknown pair": (None, ["--pairs", "leanrl-dqn"], ["no pair 'leanrl-dqn'", "leanrl-sac"]),
+    "no pair": (None, ["--pairs", " "], ["no pairs"]),
+    "bad seed": (None, ["--seeds", "1 x"], ["seed 'x'"]),
+    "seed twice": (None, ["--seeds", "1 1"], ["twice"]),
+    "timeout": (None, ["--timeout", "0"], ["--timeout", "> 0"]),
+    "unknown option": (None, ["--bogus"], ["unrecognized arguments: --bogus"]),
+    "no clone": (None, ["--leanrl", "/no/such/folder"], ["--leanrl /no/such/folder: no such folder"]),
+    "used out": (None, ["--pairs", "cleanrl-dqn", "--out", "USED"], ["already holds a peers.jsonl"]),
+    "no clone option": (None, ["--pairs", "leanrl-td3 leanrl-sac"],
                         ["leanrl-td3 leanrl-sac need --leanrl PATH, a clone of github.com/meta-pytorch/LeanRL"]),
+    "edit text not found": (
+        lambda fakes: replace_in(fakes.joinpath(*SAC_CLONE), 'out_keys=["action"])', ""),
+        ["--pairs", "leanrl-ppo_atari leanrl-sac"], ["peers.py: error: LeanRL's leanrl/sac_continuous_action_"
+        'torchcompile.py (not its version at 6f8728e): edit policy-out-keys finds 0 of `in_keys=["observation"], '
+        'out_keys=["action"])`, not 1']),
+    "module of their repository missing": (
+        lambda fakes: (fakes / "cleanrl" / "cleanrl_utils" / "buffers.py").unlink(), ["--pairs", "cleanrl-dqn"],
+        [f"error: no cleanrl_utils/buffers.py in {{fakes}}/cleanrl (a clone of {peers.PEER_REPOS['cleanrl'][1]}?)"]),
+    "module not installed": (  # CleanRL's DQN imports the cleanrl_utils copied beside it: not a missing module
+        lambda fakes: replace_in(fakes.joinpath(*SAC_CLONE), "import json, sys\n",
+                                 "import json, sys\nfrom leanrl_absent_module.data import ReplayBuffer\n"),
+        ["--pairs", "cleanrl-dqn leanrl-sac"], ["error: leanrl-sac: their script imports leanrl_absent_module, which "
+        "is not installed here: pip install -r requirements/requirements-peers.txt"]),
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("case", BAD_OPTIONS)
-def test_bad_option_exits_2_with_one_line(fakes, case):
-    args, words = BAD_OPTIONS[case]
+def replace_in(path, old, new):
+    path.write_text(path.read_text().replace(old, new))
+
+
+@pytest.mark.parametrize("case", BAD_INPUT)
+def test_bad_input_exits_2_with_one_line_before_any_run(fakes, case):
+    change, args, words = BAD_INPUT[case]
+    if change:
+        change(fakes)
     (fakes / "used").mkdir()
     (fakes / "used" / "peers.jsonl").write_text("")
     args = [str(fakes / "used") if arg == "USED" else arg for arg in args]
+    words = [word.replace("{fakes}", str(fakes)) for word in words]
     completed = run_tool(*args, fakes=None if case == "no clone option" else fakes)
     lines = completed.stderr.strip().splitlines()
     assert completed.returncode == 2 and len(lines) == 1 and all(word in lines[0] for word in words), lines

@@ -1,12 +1,6 @@
-"""Tests of the Atari pairs: what PPO Atari (leanrl/ppo_atari_envpool.py and its twin), its distributed pair and PQN
-Atari share, parametrized over the scripts (masked updates, the twin against the plain script, compiled, captured and
-bf16 updates, bad input, the games' real returns, runs, resuming), and PPO Atari's own tests (learning, GAE, video).
-test_pqn_atari.py and test_ppo_atari_distributed.py hold the other pairs' own tests.
-
-Everything goes through the scripts' stable interface: Args, build_ppo or build_pqn and the namespace it returns, the
-command line, the globals of a run, the --results-path line and exit statuses. The plain scripts store frames as
-float32, the twins as uint8: both divide by 255 in the network.
-"""
+"""What the Atari pairs (PPO, its distributed pair, PQN) share, parametrized over the scripts, and PPO Atari's own
+tests, through the scripts' stable interface (Args, build_ppo/build_pqn, the command line, a run's globals). Plain
+scripts keep frames as float32, twins as uint8."""
 
 import copy
 
@@ -58,22 +52,18 @@ UPDATE_KEYS = {
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    """The CNN's OpenMP threads wait for one another: on a small shared machine two can run several times slower than
-    one. One thread here, and in the runs the tests start."""
-    with one_torch_thread():
+    with one_torch_thread():  # the CNN's OpenMP threads wait for one another on a small shared machine
         yield
 
 
 @pytest.fixture
 def world_of_one(name, device):
-    """A distributed script's process group (of the test's parametrized name and device): this process alone, as a
-    plain launch makes it, gloo or NCCL on CUDA."""
-    if "distributed" not in name:
-        yield
-        return
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    """A distributed script's process group of this process alone, as a plain launch makes it."""
+    if "distributed" in name:
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield
-    dist.destroy_process_group()
+    if "distributed" in name:
+        dist.destroy_process_group()
 
 
 def algo(name):
@@ -85,8 +75,7 @@ def is_twin(name):
 
 
 def build(module, device="cpu", seed=0, **arg_overrides):
-    """An agent of an Atari script (a name or a loaded module) on `device`, with its network (helpers.built) as
-    .network, and a twin's acting copy of it as .acting."""
+    """An Atari script's agent, its network as .network and a twin's acting copy as .acting."""
     module = load_script(module) if isinstance(module, str) else module
     torch.manual_seed(seed)
     args = module.Args(**arg_overrides)
@@ -107,8 +96,7 @@ def learning_rate(agent):
 
 
 def random_minibatch(seed, size=BATCH, masked_fraction=0.25, device="cpu"):
-    """A minibatch of random Atari frames (uint8) and random rollout quantities, some steps masked out (reset steps).
-    PQN's update reads its frames, actions, returns and mask."""
+    """Random uint8 frames and rollout quantities, some steps masked out (reset steps)."""
     generator = torch.Generator().manual_seed(seed)
     batch = dict(
         obs=torch.randint(0, 256, (size, 4, 84, 84), dtype=torch.uint8, generator=generator),
@@ -135,13 +123,11 @@ def random_rollout(num_steps, num_envs, seed, device="cpu"):
 
 
 def frames_for(name, obs):
-    """The frames as a script's update gets them: floats (the default dtype) in a plain script, uint8 in channels-last
-    order in a twin."""
+    """Frames as an update takes them: floats in a plain script, channels-last uint8 in a twin."""
     return obs.contiguous(memory_format=torch.channels_last) if is_twin(name) else obs.to(torch.get_default_dtype())
 
 
 def call_update(agent, name, batch):
-    """A plain script's update takes the minibatch's tensors, a twin's a TensorDict of them."""
     keys = UPDATE_KEYS[algo(name)]
     tensors = [frames_for(name, batch["obs"]), *(batch[key] for key in keys[1:])]
     if not is_twin(name):
@@ -150,8 +136,7 @@ def call_update(agent, name, batch):
 
 
 def act(agent, name, obs, draws=1, seed=3, epsilon=0.5):
-    """{output: tensor} of acting on uint8 frames (a plain script gets them as floats): `draws` calls of the policy
-    (PQN's epsilon-greedy at epsilon), seeded unless seed is None, and the values."""
+    """{output: tensor} of `draws` calls of the policy (seeded unless seed is None) and the values on uint8 frames."""
     frames = obs if is_twin(name) else obs.to(torch.get_default_dtype())
     epsilons = () if algo(name) == "ppo" else (torch.tensor(epsilon, device=obs.device) if is_twin(name) else epsilon,)
     if seed is not None:
@@ -161,29 +146,21 @@ def act(agent, name, obs, draws=1, seed=3, epsilon=0.5):
 
 
 def returns_of(agent, name, rollout):
-    """A twin's returns of a rollout, its Args' gamma and lambda: PPO's advantages (GAE), PQN's Q(lambda) returns."""
     return (agent.q_lambda_returns if algo(name) == "pqn" else agent.gae)(**rollout)
-
-
-# --- Learning, unit level: the update moves the policy the way the advantages say -----------------------------------
 
 
 @pytest.mark.parametrize(
     ("name", "overrides"), [(PPO, {}), (PPO_TWIN, {}), (PPO_TWIN, {"compile": True})], ids=["plain", "twin", "compile"]
 )
 def test_update_raises_probability_of_positive_advantage_actions(name, overrides):
-    """Four updates on one on-policy batch: actions with A > 0 become more likely, those with A < 0 less likely.
-
-    The sign of an advantage is tied to the action (0 and 1 good, 2 and 3 bad; random magnitudes) so that a few
-    small steps from the near-uniform initial policy can follow it for every sample, not only on average.
-    """
+    """Four updates on one on-policy batch make every action with A > 0 likelier and every one with A < 0 less likely
+    (the sign tied to the action, so that a few small steps can follow it for every sample)."""
     ppo = build(name, **overrides)
     batch = random_minibatch(seed=5, masked_fraction=0.0)
     obs, actions = frames_for(name, batch["obs"]), batch["actions"]
     batch["advantages"] = (batch["advantages"].abs() + 0.1) * torch.where(actions < 2, 1.0, -1.0)
     with torch.no_grad():
         _, logprobs_before, _, values = ppo.network.get_action_and_value(obs, actions)
-    # On-policy data: the old log-probabilities and values are the agent's own.
     batch.update(logprobs=logprobs_before, values=values.flatten(), returns=values.flatten() + batch["advantages"])
     for _ in range(4):
         losses = call_update(ppo, name, batch)
@@ -199,10 +176,8 @@ def test_update_raises_probability_of_positive_advantage_actions(name, overrides
 
 @pytest.mark.parametrize("name", [PPO, PPO_TWIN, PQN, PQN_TWIN])
 def test_masked_steps_do_not_change_the_update(name):
-    """The update of a minibatch with masked steps (mask 0: envpool's reset steps) is the update of its other steps
-    alone: the losses are means over those, and so are the gradients (and PPO's advantage statistics). Four agents
-    from one start, two rounds of updates each: the masked minibatch; the same with other data in its masked steps;
-    its unmasked steps alone, nothing masked; and the second one with nothing masked, which must differ."""
+    """Two rounds of updates of a minibatch with masked steps (envpool's reset steps) are those of its other steps
+    alone, whatever the masked steps hold; unmasked, that other data changes the update."""
     batch, noise = random_minibatch(seed=11), random_minibatch(seed=12)
     masked = batch["mask"] == 0
     assert 0 < masked.sum() < BATCH
@@ -226,9 +201,6 @@ def test_masked_steps_do_not_change_the_update(name):
         assert_changed(params(agents["other data unmasked"]), params(agents["masked"]), f"round {round_}: unmasking")
 
 
-# --- GAE ------------------------------------------------------------------------------------------------------------
-
-
 def reference_advantages(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """GAE the textbook way, one env at a time, in float64: an episode end cuts both the bootstrap and the sum."""
     rewards, values, dones = (np.asarray(x, dtype=np.float64) for x in (rewards, values, dones))
@@ -237,13 +209,11 @@ def reference_advantages(rewards, values, dones, next_value, next_done, gamma, g
     for env in range(num_envs):
         following = 0.0  # the advantage of the next step
         for t in reversed(range(num_steps)):
-            if t == num_steps - 1:
-                ends, bootstrap = bool(next_done[env]), float(next_value[env])
-            else:
-                ends, bootstrap = bool(dones[t + 1, env]), values[t + 1, env]
-            if ends:  # observation t + 1 is the last frame of the episode: nothing after it counts
+            last = t == num_steps - 1
+            if next_done[env] if last else dones[t + 1, env]:  # observation t + 1 ends the episode: nothing after it
                 following = rewards[t, env] - values[t, env]
             else:
+                bootstrap = float(next_value[env]) if last else values[t + 1, env]
                 following = rewards[t, env] + gamma * bootstrap - values[t, env] + gamma * gae_lambda * following
             advantages[t, env] = following
     return torch.tensor(advantages, dtype=torch.float32)
@@ -251,8 +221,7 @@ def reference_advantages(rewards, values, dones, next_value, next_done, gamma, g
 
 @pytest.mark.parametrize("name", [PPO, PPO_TWIN, DISTRIBUTED, DISTRIBUTED_TWIN])
 def test_gae_matches_reference(name):
-    """Each script's compute_advantages (a parallel scan in the twins; compiled and on CUDA in
-    test_twin_compiled_matches_eager) against the textbook's, and with no episode end against the closed form."""
+    """compute_advantages (a scan in the twins) against the textbook's, and with no episode end the closed form."""
     compute = load_script(name).compute_advantages
     for num_steps, num_envs, seed in ((128, 8, 0), (37, 3, 1), (1, 2, 2)):
         rollout = random_rollout(num_steps, num_envs, seed)
@@ -260,7 +229,6 @@ def test_gae_matches_reference(name):
         expected = reference_advantages(**rollout, gamma=0.99, gae_lambda=0.95)
         actual = compute(**rollout, gamma=0.99, gae_lambda=0.95)
         torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, msg=lambda m, n=num_steps: f"T={n}: {m}")
-    # No episode end: the advantage of step 0 is the discounted sum of all deltas.
     rollout = dict(random_rollout(16, 2, seed=3), dones=torch.zeros(16, 2), next_done=torch.zeros(2))
     next_values = torch.cat([rollout["values"][1:], rollout["next_value"][None]])
     deltas = rollout["rewards"] + 0.9 * next_values - rollout["values"]
@@ -268,21 +236,11 @@ def test_gae_matches_reference(name):
     torch.testing.assert_close(compute(**rollout, gamma=0.9, gae_lambda=0.5)[0], closed_form, rtol=RTOL, atol=ATOL)
 
 
-# --- The twins compute what the plain scripts do; compiled, captured and bf16 updates agree -------------------------
-#
-# Each update starts from bit-identical parameters: SameUpdates (checks.py) checks the gradients (clipped, as the
-# optimizer used them) tightly and the steps within the step size where a gradient is at its rounding noise, then
-# copies the reference side's parameters into the other side, in place.
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", PLAINS)
 def test_twin_loads_updates_and_acts_as_the_plain_script(name, device, world_of_one):
-    """The twin (eager) loads the plain script's agent and optimizer state, moments and step counts not zero, in place:
-    its learning rate stays the tensor its compiled steps read, its other optimizer settings (fused, foreach) its own,
-    its acting copy shares the parameters' storage; it saves the state back unchanged, the learning rate a Python float
-    included. Then, same minibatches and learning-rate schedule, its updates compute the plain script's, and it acts
-    as the plain script does, draw for draw (the same seed)."""
+    """The twin loads the plain script's state in place (its lr tensor, its optimizer settings, acting sharing the
+    parameters) and saves it back unchanged; then its updates and draws are the plain script's."""
     twin_name = f"{name}_torchcompile"
     plain, twin = build(name, device, seed=1), build(twin_name, device, seed=2)
     for round_ in range(2):
@@ -315,11 +273,8 @@ def test_twin_loads_updates_and_acts_as_the_plain_script(name, device, world_of_
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", TWINS)
 def test_twin_compiled_matches_eager(name, device, world_of_one, inductor_fallback_random):
-    """The compiled update, acting and returns compute the eager twin's, round after round, with the learning rate
-    annealed in place between rounds; compiled acting follows the updates (it reads the parameters' storage)."""
-    # PQN on CUDA in float64: in float32 the compiled and eager gradients of its first conv layer were up to 3.5% of
-    # their largest entry apart in the second round (an H200, torch 2.11); in float64 every round matched. So that gap
-    # is rounding, not another computation, which would differ at either precision.
+    """The compiled update, acting and returns are the eager twin's, round after round, the lr annealed in place."""
+    # PQN on CUDA in float64: in float32 its first conv's gradients were 3.5% apart (H200), rounding alone.
     with default_dtype(torch.float64 if device == "cuda" and algo(name) == "pqn" else torch.float32):
         eager, compiled = build(name, device, compile=False), build(name, device, compile=True)
         obs = random_minibatch(seed=7, size=16, device=device)["obs"]
@@ -337,8 +292,7 @@ def test_twin_compiled_matches_eager(name, device, world_of_one, inductor_fallba
         after = [act(agent, name, obs, draws=2, seed=42) for agent in (compiled, eager)]
         assert_leaves_close(*after, "acting after the updates")
         assert not torch.equal(after[0]["value"], before[0]["value"]), "compiled acting did not see the updates"
-        # The shapes of run.sh's tiny runs (2 envs x 32 steps): their compiles hit this one's cache.
-        rollout = random_rollout(32, 2, seed=9)
+        rollout = random_rollout(32, 2, seed=9)  # run.sh's tiny shapes: their compiles hit this cache
         expected = returns_of(build(name), name, rollout)  # eager on the CPU, as tested against the definition
         on_device = {key: value.to(device) for key, value in rollout.items()}
         torch.testing.assert_close(returns_of(eager, name, on_device).cpu(), expected, rtol=RTOL, atol=ATOL)
@@ -374,11 +328,8 @@ def test_twin_built_again_computes_with_its_own_hyperparameters(name, device, wo
 @requires_cuda
 @pytest.mark.parametrize("name", [PPO_TWIN, PQN_TWIN])
 def test_twin_captured_matches_uncaptured(name, inductor_fallback_random):
-    """CudaGraphModule(warmup=5): calls 1-4 run eagerly on a side stream, call 5 runs once and records the graph,
-    calls 6-8 replay it. Each call is compared with the uncaptured compiled twin's. The learning rate (and PQN's
-    epsilon) are tensors written in place between calls; before call 7 the parameters are written in place, and the
-    learning rate set to 0: the replays follow them (the parameters do not move, acting sees the new ones). Then two
-    replays of the policy on the same frames sample other actions; seeded alike, the same."""
+    """Calls 1-8 of CudaGraphModule(warmup=5) (5 records, 6-8 replay) are the uncaptured twin's, with lr, epsilon and
+    (call 7) parameters written in place between calls; replays draw new actions, the same when seeded alike."""
     uncaptured, captured = build(name, "cuda", compile=True), build(name, "cuda", compile=True, cudagraphs=True)
     assert_leaves_close(params(captured), params(uncaptured), "initial parameters", rtol=0, atol=0)
     check = SameUpdates("update")
@@ -405,8 +356,6 @@ def test_twin_captured_matches_uncaptured(name, inductor_fallback_random):
     for function in ("update", "policy", "value", "q_lambda_returns" if algo(name) == "pqn" else "gae"):
         assert getattr(captured, function).counter == 5, f"{function} was not captured"
     obs = random_minibatch(seed=7, size=8, device="cuda")["obs"]  # the shape the graph was recorded with
-    # Four replays of 8 draws from a near-uniform policy over 4 actions (PQN's: at epsilon 0.5): all equal by chance
-    # with a probability of about 1e-14 (2e-9).
     replays = act(captured, name, obs, draws=4, seed=None)
     assert any(not torch.equal(replays[f"draw {draw}.0"], replays["draw 0.0"]) for draw in (1, 2, 3)), "no new draws"
     assert torch.equal(*(act(captured, name, obs, seed=3)["draw 0.0"] for _ in range(2))), "seeded alike, other draws"
@@ -415,11 +364,8 @@ def test_twin_captured_matches_uncaptured(name, inductor_fallback_random):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", TWINS)
 def test_atari_frames_reach_the_device_unchanged(name, device):
-    """make_frames_to_device gives the env's uint8 frames on the device. On the CPU: the env's own array (no copy). On a
-    GPU: a copy through one pinned buffer that returns before it is done (non_blocking), which two writes could reach
-    while it is in flight: the env's next step, which writes the array the frames came in, and the next call, which
-    writes the buffer. Here the device's stream is held up by a spin kernel, so that the first copy is still queued
-    when the env's array is overwritten and the next calls are made."""
+    """make_frames_to_device: the env's own array on the CPU; on a GPU an asynchronous copy that neither the env's next
+    step nor the next call can overwrite while in flight (held up here by a spin kernel)."""
     batches = [np.random.default_rng(seed).integers(0, 256, (8, 4, 84, 84), dtype=np.uint8) for seed in range(4)]
     frames_to_device = load_script(name).make_frames_to_device(batches[0].shape, torch.device(device))
     if device == "cpu":
@@ -443,15 +389,10 @@ def test_atari_frames_reach_the_device_unchanged(name, device):
         assert torch.equal(copied.cpu(), torch.from_numpy(frames))
 
 
-# --- Bad input (a value outside a flag's domain: test_run_rules.py; the flags every script has: test_scripts.py) ----
-
 BAD_INPUTS = {
     "unknown-env": (("--env-id", "NoSuchGame-v5"), ("NoSuchGame-v5",)),
     "not-atari": (("--env-id", "CartPole-v1"), ("CartPole-v1", "Atari")),
-    "minibatches-do-not-divide": (
-        ("--num-envs", "2", "--num-steps", "32", "--num-minibatches", "3"),
-        ("num-minibatches", "64"),
-    ),
+    "minibatches": (("--num-envs", "2", "--num-steps", "32", "--num-minibatches", "3"), ("num-minibatches", "64")),
 }
 
 
@@ -461,12 +402,7 @@ def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path, capsys):
     check_bad_input_in_process(name, *BAD_INPUTS[case], tmp_path, capsys)
 
 
-# --- Runs: the games' real returns, reset steps, a twin's run is its plain script's, a world of one ------------------
-
-# Asterix: 3 lives, rewards of 50 and more (clipped to 1), games of about 200-350 steps an env under a near-uniform
-# policy. PPO: 2 envs x 768 steps, about five finished games in all, lives lost in the last rollout. PQN: 4 envs x 320
-# steps, epsilon from 1 to 0.5 over the run; seed 2 finishes 3 games and loses lives in the last rollout (seed 1 loses
-# none there). (flags, seed)
+# (flags, seed): Asterix (3 lives, rewards of 50+) runs that finish 3+ games and lose lives in the last rollout.
 RUNS = {
     "ppo": (("--env-id", "Asterix-v5", "--num-envs", "2", "--num-steps", "128", "--total-timesteps", "1536",
              "--num-minibatches", "2", "--update-epochs", "1"), 1),
@@ -477,8 +413,7 @@ RUNS = {
 
 @pytest.fixture(scope="module")
 def recorded_run():
-    """recorded_run(name, seed=its RUNS seed): (the globals of a run of its algorithm's RUNS flags, the envpool steps it
-    made), each run made once (helpers.recorded_runs)."""
+    """recorded_run(name, seed=its RUNS seed): (globals, envpool steps) of a run of its RUNS flags, made once."""
     record = recorded_runs(())
 
     def run(name, seed=None):
@@ -489,14 +424,12 @@ def recorded_run():
 
 
 def run_network(run_globals):
-    """The network a run trained."""
     return built(run_globals["pqn"], "qnet") if "pqn" in run_globals else built(run_globals["ppo"], "agent")
 
 
 @pytest.mark.parametrize("name", [PPO, PPO_TWIN, PQN, PQN_TWIN])
 def test_reported_returns_are_real_game_returns_and_reset_steps_masked(name, recorded_run):
-    """episode_returns holds whole games (all lives) scored with the game's own rewards, not the clipped ones; the
-    last rollout masks out envpool's reset steps (the step after an episode's end), and only those."""
+    """episode_returns holds whole games' unclipped returns; the last rollout masks out the reset steps alone."""
     run_globals, steps = recorded_run(name)
     game_returns = episode_sums(steps, "game_reward", ("game_over", "truncated"))
     clipped_returns = episode_sums(steps, "clipped_reward", ("game_over", "truncated"))
@@ -517,11 +450,8 @@ def test_reported_returns_are_real_game_returns_and_reset_steps_masked(name, rec
 
 @pytest.mark.parametrize("plain", [PPO, PQN])
 def test_twin_run_matches_plain_run(plain, recorded_run):
-    """Same seed and flags: the twin (eager) plays the plain script's games, step for step, another seed other games,
-    and the twin ends with the plain script's parameters. Both draw the same random numbers in the same order and
-    compute the same losses; float32 rounding differs (fused Adam, foreach RAdam, the parallel scans) far below what
-    could change an action in so short a run. Two runs of one seed, in two scripts, playing the same games: the runs
-    are a function of the seed (determinism)."""
+    """Same seed and flags: the twin plays the plain script's games step for step (another seed, other games) and ends
+    with its parameters within float32 rounding."""
     twin, seed = f"{plain}_torchcompile", RUNS[algo(plain)][1]
     (plain_globals, plain_steps), (twin_globals, twin_steps) = recorded_run(plain), recorded_run(twin)
     assert twin_globals["episode_returns"] == plain_globals["episode_returns"]
@@ -531,7 +461,7 @@ def test_twin_run_matches_plain_run(plain, recorded_run):
     args, iterations = plain_globals["args"], plain_globals["num_iterations"]
     assert args.anneal_lr
     lrs = [(1 - i / iterations) * args.learning_rate for i in range(iterations)]
-    # RAdam's first steps are momentum SGD steps, lr times the gradient: allowed as 10 lr each (gradients stay small).
+    # RAdam's first steps are momentum SGD steps of lr times the gradient: allowed as 10 lr each.
     lrs = [lr * (10 if plain == PQN else 1) for lr in lrs for _ in range(args.update_epochs * args.num_minibatches)]
     assert_params_close_after_steps(run_network(twin_globals), run_network(plain_globals), lrs, "end parameters")
     assert_changed(params(build(plain, seed=seed)), run_network(plain_globals).state_dict(), "plain parameters")
@@ -539,19 +469,13 @@ def test_twin_run_matches_plain_run(plain, recorded_run):
 
 @pytest.mark.parametrize("name", [DISTRIBUTED, DISTRIBUTED_TWIN])
 def test_world_of_one_is_the_single_process_script(name, recorded_run):
-    """A distributed script launched plainly (a world of one) plays the single-process script's games and ends with
-    its parameters and Adam's state, bit for bit: the all-reduces of a world of one are identities, and the global
-    means are the single process's means."""
+    """A plainly launched distributed script is the single-process run bit for bit: games, parameters, Adam's state."""
     single, world = recorded_run(name.replace("_distributed", ""))[0], recorded_run(name)[0]
     assert world["episode_returns"] == single["episode_returns"]
     assert_same_state(run_network(world).state_dict(), run_network(single).state_dict(), "final parameters")
     assert_same_state(world["ppo"].optimizer.state_dict()["state"], single["ppo"].optimizer.state_dict()["state"],
                       "Adam's state")  # fmt: skip
 
-
-# --- Checkpoints: resume, video (across the pair, refused ones, signals: test_scripts.py) ---------------------------
-#
-# Iterations of 2 envs x 16 steps and one minibatch update each: a checkpoint's step count is a multiple of 32.
 
 TINY_FLAGS = ("--env-id", "Breakout-v5", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "1",
               "--update-epochs", "1")  # fmt: skip
@@ -560,11 +484,8 @@ BATCH_STEPS = 32
 
 @pytest.mark.parametrize("name", PLAINS + TWINS)
 def test_resume_continues_the_run_and_its_schedules(name, tmp_path, saved_checkpoints, monkeypatch):
-    """A run of 4 iterations saved after 2 and resumed from there ends as the uninterrupted run does: the same step
-    and iteration counts, optimizer steps, and the last iteration's annealed learning rate (the schedule goes on from
-    the checkpoint's iteration); PQN acts with the uninterrupted run's epsilons (decaying over the whole run here). The
-    mid-run checkpoint is no shorter run's end: --total-timesteps sets the schedules (same_as_shorter_run=False). A
-    world of one saves its world size and no other rank's generators."""
+    """4 iterations saved after 2 and resumed end as the uninterrupted run: counts, annealed lr, PQN's epsilons (the
+    schedules set by --total-timesteps); a world of one saves its world size and no other rank's generators."""
     made = []
     monkeypatch.setattr(envpool, "make", recording_make(made, {PQN: "epsilon", PQN_TWIN: "epsilon_tensor"}.get(name)))
     flags = (*TINY_FLAGS, *(("--exploration-fraction", "1") if algo(name) == "pqn" else ()))
@@ -572,7 +493,6 @@ def test_resume_continues_the_run_and_its_schedules(name, tmp_path, saved_checkp
                                              same_as_shorter_run=False)  # fmt: skip
     mid, full = saved_checkpoints[:2]
     assert (mid["iteration"], full["iteration"], resumed["iteration"]) == (2, 4, 4)
-    # Iteration i of 4 anneals the learning rate to (1 - (i - 1) / 4) of its start: 3/4 at the checkpoint, 1/4 last.
     lrs = [checkpoint["agent"]["optimizer"]["param_groups"][0]["lr"] for checkpoint in (mid, full, resumed)]
     learning_rate = load_script(name).Args.learning_rate
     assert lrs[:2] == pytest.approx([0.75 * learning_rate, 0.25 * learning_rate]) and lrs[2] == lrs[1]
@@ -616,12 +536,8 @@ def test_video_of_the_evaluation(tmp_path, monkeypatch):
                    "--results-path", results)  # fmt: skip
     eval_envs = made[-1]
     assert eval_envs.spec.config.num_envs == 1 and eval_envs.spec.config.seed == 1 + 10_000
-    games, game = [], []  # the eval env's steps, split into games (each ends where the game is over or cut)
-    for step in eval_envs.steps:
-        game.append(step)
-        if step["game_over"][0] or step["truncated"][0]:
-            games.append(game)
-            game = []
+    ends = [i for i, step in enumerate(eval_envs.steps) if step["game_over"][0] or step["truncated"][0]]
+    games = [eval_envs.steps[start + 1 : end + 1] for start, end in zip([-1, *ends[:-1]], ends, strict=True)]
     assert len(games) == 2 and len(eval_envs.reset_frames) == 2, "two games, each from a reset"
     videos = sorted((tmp_path / "run" / "videos").glob("*.mp4"))
     assert [video.name for video in videos] == ["eval-episode-0.mp4", "eval-episode-1.mp4"]

@@ -1,13 +1,5 @@
-"""Tests of the distributed PPO Atari pair: leanrl/ppo_atari_envpool_distributed.py (plain) and its twin
-ppo_atari_envpool_distributed_torchcompile.py, on the CPU with gloo.
-
-Worlds of two run through torchrun (`python -m torch.distributed.run --standalone`), each rank in
-tests/distributed_worker.py, which saves what the ranks computed for the tests to compare: with the same global
-minibatch split over two ranks, the synced gradient is the single-process gradient of the whole minibatch; after a run,
-every rank holds the same parameters while its envs played other games. A world of one (a plain `python` launch) is
-tested with the single-process pair in test_ppo_atari.py: it is that pair's run, bit for bit, and its twin computes
-what its plain script does, compiled or not, in bf16 too, and resumes.
-"""
+"""The distributed PPO Atari pair in worlds of two (torchrun, gloo, each rank in tests/distributed_worker.py, which
+saves what the ranks computed). A world of one is tested with the single-process pair in test_ppo_atari.py."""
 
 import os
 import re
@@ -21,6 +13,7 @@ import envpool
 import numpy as np
 import pytest
 import run_utils
+import test_ppo_atari
 import torch
 from checks import assert_leaves_close, assert_same_state, check_bad_input_in_process, detached
 from distributed_worker import GLOBAL_MINIBATCH
@@ -33,7 +26,6 @@ from helpers import (
     is_number,
     load_checkpoint,
     load_script,
-    one_torch_thread,
     read_results,
     run_in_process,
     script_path,
@@ -42,33 +34,22 @@ from test_ppo_atari import DISTRIBUTED, DISTRIBUTED_TWIN, PPO, build, call_updat
 
 SCRIPTS = (DISTRIBUTED, DISTRIBUTED_TWIN)
 WORKER = REPO_ROOT / "tests" / "distributed_worker.py"
-# A world of two on Asterix (games end in short runs): 2 envs a rank, 4 iterations of 4 x 64 steps, 2 epochs of 2
-# minibatches each.
+# Asterix (games end in short runs): 2 envs a rank, 4 iterations of 4 x 64 steps, 2 epochs of 2 minibatches each.
 WORLD_OF_TWO_RUN = ("--env-id", "Asterix-v5", "--num-envs", "4", "--num-steps", "64", "--total-timesteps", "1024",
                     "--num-minibatches", "2", "--update-epochs", "2", "--seed", "1")  # fmt: skip
 ITERATIONS, EPOCHS, MINIBATCHES = 4, 2, 2
 SAVED_AND_EVALUATED = ("--save-model", "--eval-episodes", "1")
+_one_thread = test_ppo_atari._one_thread  # the autouse fixture: one torch thread
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with one_torch_thread():
-        yield
-
-
-def torchrun(*args, nproc=2, timeout=600):
-    """python -m torch.distributed.run with nproc ranks on this machine, one thread each, on the CPU."""
+def torchrun(*args, timeout=600):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-               *map(str, args)]  # fmt: skip
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *map(str, args)]
     return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def ranks_output(out, mode):
     return [torch.load(out / f"{mode}_rank{rank}.pt", map_location="cpu", weights_only=False) for rank in (0, 1)]
-
-
-# --- Two ranks: the synced gradient is the whole global minibatch's ----------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +64,12 @@ def gradient_ranks(tmp_path_factory):
 @pytest.mark.parametrize("norm_adv", [True, False], ids=["norm-adv", "no-norm-adv"])
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_two_ranks_synced_gradient_is_that_of_the_whole_minibatch(name, norm_adv, gradient_ranks):
-    """A global minibatch of 16 steps, a quarter of them masked out (unevenly between the halves), split in two:
-    after the all-reduce, each rank's gradient is the gradient that the single-process script computes on all 16
-    steps, and the losses summed over ranks are its losses. Local means (a rank's own count, its own advantage
-    statistics) or a missing all-reduce would give other gradients."""
+    """A global minibatch, masked unevenly, split over two ranks: after the all-reduce each rank's gradient and the
+    summed losses are the single-process script's on the whole minibatch (local means would differ)."""
     rank0, rank1 = (ranks[name, norm_adv] for ranks in gradient_ranks)
     batch = rank0["batch"]
     half = GLOBAL_MINIBATCH // 2
     assert batch["mask"][:half].sum() != batch["mask"][half:].sum(), "even masks: local means would pass"
-    # The ranks seeded their generators differently: equal parameters come from rank 0's broadcast.
     assert_same_state(rank1["initial"], rank0["initial"], "parameters of rank 1 and rank 0 before the update")
     assert_same_state(rank1["gradients"], rank0["gradients"], "synced gradients of rank 1 and rank 0")
 
@@ -106,9 +84,6 @@ def test_two_ranks_synced_gradient_is_that_of_the_whole_minibatch(name, norm_adv
         torch.testing.assert_close(gradient, expected[key].grad, rtol=1e-4, atol=1e-5 * scale,
                                    msg=lambda m, k=key: f"{k}: {m}")  # fmt: skip
     assert_leaves_close(rank0["losses"], losses, "losses")
-
-
-# --- A run of two ranks ----------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -132,13 +107,11 @@ def run_ranks(tmp_path_factory):
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_ranks_keep_the_same_parameters_while_playing_other_games(name, run_ranks):
-    """After 4 iterations the two ranks hold the same parameters and Adam step counts, and report the same (global)
-    returns, while their envs, seeded as envs 0-1 and 2-3 of a single process, saw other frames. (The run saves and
-    evaluates its agent after training, as test_rank_zero_alone_writes_results_and_checkpoint... needs: one world of
-    two serves both.)"""
+    """After 4 iterations both ranks hold the same parameters, Adam step counts and (global) returns, while their envs
+    (seeded as envs 0-1 and 2-3 of a single process) saw other frames."""
     (rank0, rank1), _ = run_ranks(name, *SAVED_AND_EVALUATED)
     assert rank0["status"] == rank1["status"] == 0
-    # Rank 0 alone then makes the evaluation env, seeded apart from every training env.
+    # Rank 0 alone makes the evaluation env, seeded apart from every training env.
     assert (rank0["env_seeds"], rank1["env_seeds"]) == ([1, 1 + run_utils.EVAL_SEED_OFFSET], [3])
     assert not torch.equal(rank0["rollout_obs"], rank1["rollout_obs"]), "both ranks saw the same frames"
     assert_same_state(rank1["params"], rank0["params"], "parameters of rank 1 and rank 0")
@@ -148,8 +121,7 @@ def test_ranks_keep_the_same_parameters_while_playing_other_games(name, run_rank
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_tiny_target_kl_stops_both_ranks_after_the_same_minibatch(name, run_ranks):
-    """--target-kl 1e-12 is exceeded by the first epoch of every update: both ranks stop their epochs there, with the
-    same number of steps (the KL checked is the global minibatch's, summed over ranks), and no rank hangs."""
+    """--target-kl 1e-12: both ranks stop each update after its first epoch (the global KL), and no rank hangs."""
     (rank0, rank1), _ = run_ranks(name, "--target-kl", "1e-12")
     assert rank0["status"] == rank1["status"] == 0
     assert rank0["optimizer_steps"] == rank1["optimizer_steps"] == [ITERATIONS * MINIBATCHES]
@@ -157,9 +129,8 @@ def test_tiny_target_kl_stops_both_ranks_after_the_same_minibatch(name, run_rank
 
 
 def test_rank_zero_alone_writes_results_and_a_single_process_checkpoint(run_ranks, tmp_path):
-    """One results line (rank 0's) with world_size 2 and the global step count; one checkpoint, in the layout of the
-    single-process pair: the single-process plain script evaluates it (a finished run: it trains nothing) with the
-    eval return the world of two reported, and saves back every entry it read unchanged."""
+    """Rank 0's results line alone (world_size 2, global steps) and one checkpoint, which the single-process script
+    resumes as a finished run: the same eval return, every entry saved back unchanged."""
     _, out = run_ranks(DISTRIBUTED, *SAVED_AND_EVALUATED)
     (result,) = read_results(out / "results.jsonl")
     assert result["world_size"] == 2 and result["steps_done"] == ITERATIONS * 4 * 64, result
@@ -181,8 +152,8 @@ def test_rank_zero_alone_writes_results_and_a_single_process_checkpoint(run_rank
 
 
 def test_envs_of_a_rank_are_those_of_a_single_process():
-    """envpool seeds env i of a pool with seed + i: rank r's pool, seeded seed + r * envs a rank, plays what a single
-    process's envs r * envs a rank, ... play (the same frames for the same actions). A pool seeded one off does not."""
+    """envpool seeds env i of a pool with seed + i: rank r's pool, seeded seed + r * envs a rank, plays the single
+    process's envs from r * envs a rank on; a pool seeded one off does not."""
     actions = np.random.default_rng(0).integers(4, size=(60, 4))
 
     def frames(num_envs, seed, columns):
@@ -201,18 +172,13 @@ def test_envs_of_a_rank_are_those_of_a_single_process():
     assert not np.array_equal(frames(2, 2, slice(2, 4)), single[:, 2:]), "the seed does not change the games"
 
 
-# --- Flags, bad world sizes, a lost rank (the rest of bad input: test_ppo_atari.py; --help, signals: test_scripts) -
-
-
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_args_are_those_of_the_single_process_pair(name):
-    """Exactly the single-process script's flags, in order, with the same defaults (--num-envs is the number of envs
-    over all ranks). (The pair's own match: test_scripts.py.)"""
+    """Exactly the single-process script's flags, in order, with the same defaults (--num-envs over all ranks)."""
     fields, single = (args_fields(load_script(script)) for script in (name, name.replace("_distributed", "")))
     assert list(fields) == list(single)
-    assert {key: field_default(field) for key, field in fields.items() if key != "exp_name"} == {
-        key: field_default(field) for key, field in single.items() if key != "exp_name"
-    }
+    defaults = [{key: field_default(field) for key, field in f.items() if key != "exp_name"} for f in (fields, single)]
+    assert defaults[0] == defaults[1]
 
 
 BAD_WORLD_SIZES = [
@@ -231,8 +197,7 @@ def test_bad_world_size_exits_2_with_one_line(name, flags, words, tmp_path, caps
 
 
 def test_bad_world_size_under_torchrun_names_rank_zero_and_its_line(tmp_path):
-    """Under torchrun: rank 0's one line, and torchrun's report names rank 0 and its exit status 2 as the cause
-    (torchrun itself exits 1, with its own report)."""
+    """Under torchrun: rank 0's one line, and torchrun's report names rank 0 and its exit status 2 as the cause."""
     results = tmp_path / "results.jsonl"
     completed = torchrun(script_path(DISTRIBUTED), "--num-envs", "3", "--results-path", results, timeout=300)
     assert completed.returncode != 0, describe(completed)
@@ -249,13 +214,10 @@ def free_port():
 
 
 def test_a_lost_rank_ends_the_others_with_one_line(tmp_path):
-    """Two ranks started by hand (no torchrun to stop the others): rank 1 is killed mid-run; rank 0 exits, with an
-    error status and one line saying it lost another rank, not a traceback or a hang. (It notices the closed
-    connection at its next collective; the wait's bound is under the 5 minutes of COLLECTIVE_TIMEOUT, so a rank that
-    waited the timeout out would fail it.)"""
+    """Two ranks started by hand, rank 1 killed mid-run: rank 0 exits 1 with one line saying it lost another rank, well
+    within COLLECTIVE_TIMEOUT (5 minutes): no traceback, no hang."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}  # fmt: skip
-    # The last --total-timesteps counts: a run long enough to be killed in.
     command = [sys.executable, str(script_path(DISTRIBUTED)), *WORLD_OF_TWO_RUN, "--total-timesteps", "1000000"]
     stderr_paths = [tmp_path / f"rank{rank}.txt" for rank in (0, 1)]
     processes = []
@@ -265,7 +227,6 @@ def test_a_lost_rank_ends_the_others_with_one_line(tmp_path):
                 processes.append(subprocess.Popen(command, cwd=REPO_ROOT, env={**env, "RANK": str(rank)},
                                                   stdout=subprocess.DEVNULL, stderr=stderr))  # fmt: skip
         deadline = time.monotonic() + 300
-        # Rank 0's progress bar shows steps done: both ranks are in the training loop.
         while not re.search(r"\b[1-9]\d*/\d+\b", stderr_paths[0].read_text()):
             assert processes[0].poll() is None and time.monotonic() < deadline, stderr_paths[0].read_text()[-2000:]
             time.sleep(0.5)

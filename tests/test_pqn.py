@@ -96,12 +96,9 @@ def reference_q_lambda_returns(rewards, values, dones, last_value, gamma, q_lamb
 
 # --- 1. Learning ----------------------------------------------------------------------------------------------
 
-# The twin with --compile on CartPole-v1, at a test's budget: 60,000 steps of 8 envs x 32 steps, lr 2e-3, lambda 0.9,
-# epsilon down to 0.05 over the first 10% of the steps. The mean of 20 consecutive returns must reach
-# LEARNING_THRESHOLD. Seed 1 reaches it at episode 263 (its episodes: 29,809 steps; 2-core AMD EPYC VM, 1 thread), seeds
-# 2 to 5 after 33,938, 42,690, 23,931 and 35,022 steps. The budget sets the decay's length, and a run is sensitive to
-# it: seed 1 made 394.3 at most in a budget of 40,000, seed 2 387.1 in one of 50,000. Not resumed half way: the anneal
-# and the decay are fractions of the budget, so a resumed run would play 1.5 times the steps (test_resume_* covers it).
+# The twin with --compile on CartPole-v1: the mean of 20 consecutive returns must reach LEARNING_THRESHOLD (the run
+# stops there). Seed 1 reaches it after 29,809 steps (2-core AMD EPYC VM, 1 thread), seeds 2 to 5 after 33,938,
+# 42,690, 23,931 and 35,022. The budget sets the decay's length: seed 1 made 394.3 at most in a budget of 40,000.
 LEARNING_FLAGS = ("--env-id", "CartPole-v1", "--num-envs", 8, "--num-steps", 32, "--learning-rate", 2e-3,
                   "--q-lambda", 0.9, "--exploration-fraction", 0.1, "--seed", 1, "--compile")  # fmt: skip
 LEARNING_STEPS = 60000
@@ -109,33 +106,13 @@ LEARNING_THRESHOLD = 400.0  # a random policy: about 22; the maximum: 500
 
 
 def test_learns_cartpole_twin_compiled():
-    # The run stops at the episode that brings the mean of the last 20 to the threshold (the rest of the budget could
-    # not change the verdict): it reached the threshold if and only if its last 20 are there.
     reached = lambda returns: len(returns) >= 20 and statistics.mean(returns[-20:]) >= LEARNING_THRESHOLD  # noqa: E731
     with one_torch_thread():  # the thread count changes float sums, so greedy actions, so the run
         returns = run_in_process_until(TWIN, *LEARNING_FLAGS, "--total-timesteps", LEARNING_STEPS, reached=reached)
     assert reached(returns), f"no 20 consecutive returns reach {LEARNING_THRESHOLD} on average: {returns}"
 
 
-# --- 2. Exploration ---------------------------------------------------------------------------------------------
-
-
-def record_epsilons(monkeypatch, name):
-    """The exploration rate the training loop hands its policy at each env step of the runs in this process, in order.
-    The loop runs at module level, so its variables are the globals of the frame that calls envs.step; the twin's
-    policy reads epsilon_tensor, the plain script's the float epsilon."""
-    epsilons, env_step = [], gym.vector.SyncVectorEnv.step
-    key = "epsilon_tensor" if name == TWIN else "epsilon"
-
-    def recording_step(self, actions):
-        epsilons.append(float(sys._getframe(1).f_globals[key]))
-        return env_step(self, actions)
-
-    monkeypatch.setattr(gym.vector.SyncVectorEnv, "step", recording_step)
-    return epsilons
-
-
-# --- 3. Q(lambda) targets, the update and the policy: the twin's with the plain, compiled with eager -------------
+# --- 2. Q(lambda) targets, the update and the policy: the twin's with the plain, compiled with eager -------------
 
 
 @pytest.mark.parametrize("q_lambda", [0.0, 0.65, 1.0])
@@ -156,39 +133,28 @@ def update(pqn, batch):
     return TensorDict(pqn.update(batch["obs"], batch["actions"], batch["returns"]))
 
 
-def check_same_updates(reference, others, what, rounds=8):
-    """Rounds of one minibatch update of agents from the same parameters, the learning rate annealed between them (the
-    twin's lives in a tensor): each of the others' losses, gradients and steps compared with the reference's
-    (SameUpdates), then re-synced to it. RAdam's rectification starts after a few steps: 8 rounds."""
-    for other in others:
-        sync_(other.qnet, reference.qnet)
-    start = leaves(TensorDict.from_module(reference.qnet))
-    checks = [SameUpdates("Q update") for _ in others]
-    device = next(reference.qnet.parameters()).device
-    for round_, lr in enumerate(np.linspace(2.5e-4, 1e-4, rounds)):
-        for pqn in (reference, *others):
-            pqn.set_learning_rate(float(lr))
-        batch = minibatch(100 + round_, device)
-        losses = [leaves(update(pqn, batch.clone())) for pqn in (reference, *others)]
-        assert losses[0].keys() == {"td_loss", "q_values"}
-        for other, other_losses, check in zip(others, losses[1:], checks, strict=True):
-            assert_leaves_close(other_losses, losses[0], f"{what} round {round_} losses")
-            check.check(other.qnet, reference.qnet, float(lr), f"{what} round {round_}")
-    assert_changed(start, leaves(TensorDict.from_module(reference.qnet)), f"{what}: the Q network")
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_twin_eager_and_compiled_update_policy_and_returns_match_plain(device, inductor_fallback_random):
-    """Same start, same minibatches: the twin's update, eager and compiled, computes what the plain script computes;
-    its greedy actions, values and Q(lambda) targets are the plain's, and compiled it explores as eager (the draws
-    seeded alike). Each acts epsilon-greedily: a random action with probability epsilon (the greedy one a third of the
-    time, with three actions), uniform at 1, and the value is max_a Q(obs, a) whatever the action. (Between epsilon 0
-    and 1 the pair does not act alike on one seed, by design: the twin draws one uniform tensor for both choices, as
-    compiled code may run two random ops in either order, the plain script randint then rand, as CleanRL does.)"""
+    """Same start, same minibatches: the twin's update, eager and compiled, is the plain script's, and so are its
+    greedy actions, values (max_a Q) and Q(lambda) targets; compiled it explores as eager (seeded alike). Each takes a
+    random action at rate epsilon (the pair's draws differ by design: the twin draws one tensor for both choices)."""
     module = load_script(TWIN)
     plain = build(load_script(PLAIN), device)
     twins = build(module, device), build(module, device, compile=True)
-    check_same_updates(plain, twins, "twins vs plain")
+    for twin in twins:
+        sync_(twin.qnet, plain.qnet)
+    start, checks = leaves(TensorDict.from_module(plain.qnet)), [SameUpdates("Q update") for _ in twins]
+    # Several rounds, the learning rate annealed (the twin's lives in a tensor): RAdam's rectification starts late.
+    for round_, lr in enumerate(np.linspace(2.5e-4, 1e-4, 8)):
+        batch, losses = minibatch(100 + round_, device), []
+        for pqn in (plain, *twins):
+            pqn.set_learning_rate(float(lr))
+            losses.append(leaves(update(pqn, batch.clone())))
+        assert losses[0].keys() == {"td_loss", "q_values"}
+        for twin, twin_losses, check in zip(twins, losses[1:], checks, strict=True):
+            assert_leaves_close(twin_losses, losses[0], f"round {round_} losses")
+            check.check(twin.qnet, plain.qnet, float(lr), f"round {round_}")
+    assert_changed(start, leaves(TensorDict.from_module(plain.qnet)), "the Q network")
     obs = torch.randn(20000, OBS_DIM, generator=torch.Generator().manual_seed(9)).to(device)
     with torch.no_grad():
         max_q, greedy = plain.qnet(obs).max(1)
@@ -256,17 +222,14 @@ def test_twin_built_again_computes_with_its_own_hyperparameters(inductor_fallbac
     check_a_second_build_computes_with_its_own_hyperparameters(TWIN, compiled_calls)
 
 
-# --- 4. Episode ends: a truncation ends the return like a termination, no transition spans a reset ---------
+# --- 3. Episode ends: a truncation ends the return like a termination, no transition spans a reset ---------
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_returns_end_at_truncations_as_terminations_and_span_no_reset(name, registered_counting_and_image_envs):
-    """One rollout of 40 steps of one env, learning rate 1e-30 (its domain is > 0; too small to move a float32 weight,
-    so the Q network the rollout acted with is the one left): rewards 1 and nothing added where the time limit cut an
-    episode; dones where an episode ended, by its time limit or by termination; each next observation in the same
-    episode but after an end; and the Q(lambda) targets those of their definition with every episode end cutting the
-    return: at a truncation, as at a termination, the target is the reward alone (no bootstrap from the episode's last
-    observation), and no target up to an end depends on anything after it."""
+    """A rollout of 40 steps of one env, learning rate 1e-30 (the Q network that acted is the one left): rewards 1,
+    nothing added at a truncation; dones at every episode end; no step spans a reset; and the Q(lambda) targets those
+    of their definition, every end cutting the return (at a truncation as at a termination: the reward alone)."""
     flags = ("--env-id", "LeanrlTestCounting-v0", "--total-timesteps", 40, "--num-envs", 1, "--num-steps", 40,
              "--num-minibatches", 1, "--learning-rate", 1e-30)  # fmt: skip
     run = run_in_process(name, *flags)
@@ -275,8 +238,7 @@ def test_returns_end_at_truncations_as_terminations_and_span_no_reset(name, regi
     rollout = run["rollout"] if name == TWIN else {key: run[key] for key in keys}
     obs, rewards, dones, values, returns = (rollout[key][:, 0] for key in keys)
     episode, t = obs[:, 0], obs[:, 1]
-    truncated = (episode % 2 == 0) & (t == 4)
-    terminated = (episode % 2 == 1) & (t == 2)
+    truncated, terminated = (episode % 2 == 0) & (t == 4), (episode % 2 == 1) & (t == 2)
     assert truncated.any() and terminated.any()
     assert torch.equal(dones.bool(), truncated | terminated)
     assert torch.equal(episode[1:] == episode[:-1], ~dones[:-1].bool()), "a step spans a reset"
@@ -294,7 +256,7 @@ def test_returns_end_at_truncations_as_terminations_and_span_no_reset(name, regi
     torch.testing.assert_close(returns.double(), expected, rtol=1e-5, atol=1e-5)
 
 
-# --- 5. Bad input (a flag outside its domain: test_run_rules.py) -------------------------------------------------
+# --- 4. Bad input (a flag outside its domain: test_run_rules.py) -------------------------------------------------
 
 BAD_INPUTS = {
     "unknown-env": (("--env-id", "NoSuchEnv-v0"), ("NoSuchEnv",)),
@@ -308,31 +270,31 @@ BAD_INPUTS = {
 @pytest.mark.parametrize("case", BAD_INPUTS)
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_bad_input_exits_2_with_one_clear_line(name, case, tmp_path, capsys, registered_counting_and_image_envs):
-    flags, expected_words = BAD_INPUTS[case]
-    check_bad_input_in_process(name, flags, expected_words, tmp_path, capsys)
+    check_bad_input_in_process(name, *BAD_INPUTS[case], tmp_path, capsys)
 
 
-# --- 6. Determinism -----------------------------------------------------------------------------------------------
+# --- 5. Resuming (determinism, checkpoints across the pair, refused ones and signals: test_scripts.py) -------------
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_same_seed_same_returns(name):
-    flags = (*TINY_FLAGS, "--total-timesteps", 1024, "--exploration-fraction", 0.2)
-    first = run_in_process(name, *flags, "--seed", 1)["episode_returns"]
-    assert len(first) >= 5, first
-    assert run_in_process(name, *flags, "--seed", 1)["episode_returns"] == first
-    assert run_in_process(name, *flags, "--seed", 2)["episode_returns"] != first
+def record_epsilons(monkeypatch, name):
+    """The exploration rate the training loop hands its policy at each env step of the runs in this process, in order:
+    the loop's global (the twin's epsilon_tensor, the plain script's epsilon) in the frame that calls envs.step."""
+    epsilons, env_step = [], gym.vector.SyncVectorEnv.step
+    key = "epsilon_tensor" if name == TWIN else "epsilon"
 
+    def recording_step(self, actions):
+        epsilons.append(float(sys._getframe(1).f_globals[key]))
+        return env_step(self, actions)
 
-# --- 7. Resuming (checkpoints across the pair, refused ones and signals: test_scripts.py) -------------------------
+    monkeypatch.setattr(gym.vector.SyncVectorEnv, "step", recording_step)
+    return epsilons
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_resume_continues_the_run_and_its_epsilon_schedule(name, tmp_path, saved_checkpoints, monkeypatch):
-    """The loop acts, in CleanRL's order, with the rate at the step count each env step brings the run to (num_envs
-    more than before it): the first step explores a little less than start-e, and the rate falls in a straight line to
-    end-e at exploration_fraction of the budget, then stays there. A run resumed half way acts with the uninterrupted
-    run's rates (not a shorter run's: the anneal and the decay are fractions of --total-timesteps)."""
+    """The loop acts, in CleanRL's order, with the rate at the step count each env step brings the run to: falling in
+    a straight line from start-e to end-e at exploration_fraction of the budget, then staying there. A run resumed half
+    way acts with the uninterrupted run's rates (not a shorter run's: the decay is a fraction of the budget)."""
     epsilons = record_epsilons(monkeypatch, name)
     flags = (*TINY_FLAGS, "--start-e", 0.9, "--end-e", 0.1, "--exploration-fraction", 0.75)
     resumed = check_resume_continues_the_run(name, flags, tmp_path, saved_checkpoints, steps=320,

@@ -1,34 +1,23 @@
-"""PQN Atari's own tests: leanrl/pqn_atari_envpool.py (plain) and its twin pqn_atari_envpool_torchcompile.py. What it
-shares with the PPO Atari pairs (masked updates, the twin against the plain script, compiled, captured and bf16
-updates, bad input, the game's real returns, runs of the twin and the plain script, resuming) is tested in
-test_ppo_atari.py, parametrized over the scripts.
-
-No test here shows the agent learning: a Breakout run shows it after 100k to 200k steps (docs/pqn_atari.md: a mean
-score of 2.4 at 100k and 4.2 at 200k, a random policy's being 1.58), 9 to 18 minutes of a 2-core CPU, past the suite's
-budget. What is tested of it is the update's part: it moves every Q value toward its target.
+"""PQN Atari's own tests (what it shares with PPO Atari: test_ppo_atari.py). No learning run: Breakout learns after
+100k-200k steps (docs/pqn_atari.md), past the suite's budget; the update is shown moving Q values toward their targets.
 """
 
 import numpy as np
 import pytest
+import test_ppo_atari
 import torch
 from checks import ATOL, RTOL, check_bad_input_in_process, detached
-from helpers import load_script, one_torch_thread, recorded_runs
+from helpers import load_script, recorded_runs
 from test_ppo_atari import BATCH, NUM_ACTIONS, PQN, PQN_TWIN, build, call_update, random_minibatch, random_rollout
 
 SCRIPTS = (PQN, PQN_TWIN)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with one_torch_thread():  # the CNN's OpenMP threads wait for one another on a small shared machine
-        yield
+_one_thread = test_ppo_atari._one_thread  # the autouse fixture: one torch thread
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_updates_move_every_q_value_toward_its_target(name):
-    """Four updates on one batch whose targets lie above Q(s, a) for actions 0 and 1 and below it for 2 and 3: every
-    Q(s, a) moves toward its target and the loss falls. (The sign is tied to the action so that a few small steps
-    can follow it for every sample, not only on average.)"""
+    """Four updates on a batch with targets above Q(s, a) for actions 0-1, below for 2-3 (so that small steps can
+    follow it for every sample): every Q(s, a) moves toward its target and the loss falls."""
     pqn = build(name, learning_rate=1e-3)
     batch = random_minibatch(seed=5, masked_fraction=0.0)
 
@@ -37,9 +26,8 @@ def test_updates_move_every_q_value_toward_its_target(name):
             return pqn.network(batch["obs"].float()).gather(1, batch["actions"][:, None])[:, 0]
 
     before = q_of_actions()
-    offsets = torch.where(batch["actions"] < 2, 1.0, -1.0) * (
-        0.5 + torch.rand(BATCH, generator=torch.Generator().manual_seed(6))
-    )
+    magnitudes = 0.5 + torch.rand(BATCH, generator=torch.Generator().manual_seed(6))
+    offsets = torch.where(batch["actions"] < 2, 1.0, -1.0) * magnitudes
     batch["returns"] = before + offsets
     losses = [detached(call_update(pqn, name, batch)) for _ in range(4)]
     assert set(losses[0]) == {"td_loss", "q_values"}
@@ -50,14 +38,9 @@ def test_updates_move_every_q_value_toward_its_target(name):
     assert ((after - batch["returns"]) ** 2).mean() < losses[-1]["td_loss"]
 
 
-# --- Q(lambda) returns and epsilon-greedy ---------------------------------------------------------------------------
-
-
 def reference_q_lambda_returns(rewards, values, dones, next_value, next_done, gamma, q_lambda):
-    """The lambda-return from its definition, one env and one step at a time, in float64: the (1 - lambda) lambda^(n-1)
-    weighted mix of the n-step returns G(n) = r[t] + ... + gamma^(n-1) r[t+n-1] + gamma^n max_a Q(obs[t+n]), the longest
-    one available (up to the episode's end, with no bootstrap there, or to the rollout's end) taking the rest of the
-    weight."""
+    """The lambda-return by its definition, in float64: the (1 - lambda) lambda^(n-1) weighted mix of n-step returns,
+    the longest available (to the episode's end, not bootstrapped, or the rollout's) taking the rest of the weight."""
     rewards, values, dones = (np.asarray(x, dtype=np.float64) for x in (rewards, values, dones))
     values = np.concatenate([values, np.asarray(next_value, dtype=np.float64)[None]])
     dones = np.concatenate([dones, np.asarray(next_done, dtype=np.float64)[None]])
@@ -78,8 +61,7 @@ def reference_q_lambda_returns(rewards, values, dones, next_value, next_done, ga
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_q_lambda_returns_match_the_definition(name):
-    """The plain loop and the twin's parallel scan (compiled and on CUDA: test_ppo_atari.py's
-    test_twin_compiled_matches_eager)."""
+    """The plain loop and the twin's scan; with lambda 0, one-step Q-learning targets."""
     compute = load_script(name).compute_q_lambda_returns
     for (num_steps, num_envs, seed), q_lambda in (((128, 8, 0), 0.65), ((37, 3, 1), 0.65), ((1, 2, 2), 0.65),
                                                   ((20, 3, 3), 0.0), ((20, 3, 4), 1.0)):  # fmt: skip
@@ -88,7 +70,6 @@ def test_q_lambda_returns_match_the_definition(name):
         expected = reference_q_lambda_returns(**rollout, gamma=0.99, q_lambda=q_lambda)
         actual = compute(**rollout, gamma=0.99, q_lambda=q_lambda)
         torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, msg=lambda m, n=num_steps: f"T={n}: {m}")
-    # lambda 0: one-step Q-learning targets, cut where observation t + 1 ends an episode.
     rollout = random_rollout(16, 4, seed=5)
     next_values = torch.cat([rollout["values"][1:], rollout["next_value"][None]])
     next_non_terminal = 1 - torch.cat([rollout["dones"][1:], rollout["next_done"][None]])
@@ -97,8 +78,7 @@ def test_q_lambda_returns_match_the_definition(name):
 
 
 def test_epsilon_greedy_explores_at_its_rate():
-    """epsilon 0: the argmax; epsilon 1: uniform actions; epsilon 0.25: a quarter of the rows random (which pick the
-    greedy action a quarter of the time too)."""
+    """epsilon 0: the argmax; 1: uniform actions; 0.25: a quarter of the rows random (a quarter of those greedy)."""
     module = load_script(PQN)
     q_values = torch.randn(40_000, NUM_ACTIONS, generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
@@ -115,11 +95,7 @@ def test_rising_epsilon_exits_2_with_one_clear_line(name, tmp_path, capsys):
     check_bad_input_in_process(name, flags, words, tmp_path, capsys)
 
 
-# --- The last rollout of a run: the epsilons it acted with, its targets at truncations and lost lives ---------------
-
-# Asterix games cut by a time limit of 100 steps, in the second of two rollouts of 4 envs x 64 steps; under a
-# near-random policy (epsilon from 1 to 0.5 over the run) the first life is lost after about 65-95 steps: lives lost in
-# that rollout too.
+# Asterix games cut at 100 steps, in the second of two rollouts, where lives are lost too (after 65-95 steps).
 NUM_ENVS, NUM_STEPS, TOTAL = 4, 64, 512
 TIME_LIMIT_RUN = ("--env-id", "Asterix-v5", "--num-envs", NUM_ENVS, "--num-steps", NUM_STEPS, "--total-timesteps",
                   TOTAL, "--num-minibatches", 2, "--update-epochs", 1, "--end-e", 0.5,
@@ -128,17 +104,15 @@ TIME_LIMIT_RUN = ("--env-id", "Asterix-v5", "--num-envs", NUM_ENVS, "--num-steps
 
 @pytest.fixture(scope="module")
 def recorded_run():
-    """recorded_run(name): (globals, envpool steps) of TIME_LIMIT_RUN, seed 1, with the epsilon each step acted with
-    (the twin's policy reads epsilon_tensor, the plain script's epsilon); each run made once."""
+    """recorded_run(name): (globals, envpool steps with their epsilons) of TIME_LIMIT_RUN, seed 1, made once."""
     record = recorded_runs(TIME_LIMIT_RUN, lambda name: "epsilon_tensor" if name == PQN_TWIN else "epsilon")
     return lambda name: record(name, 1, max_episode_steps=100)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_the_loop_acts_with_epsilon_at_the_step_count_after_each_step(name, recorded_run):
-    """CleanRL's order: each env step acts with the rate at the step count it brings the run to (num_envs more than
-    before it), so the first step explores a little less than start-e, and the last one of the run (whose decay, from 1
-    to 0.5, lasts the whole run) at end-e."""
+    """CleanRL's order: each env step acts with epsilon at the step count it brings the run to (first a little under
+    start-e, the last at end-e)."""
     _, steps = recorded_run(name)
     assert len(steps) == TOTAL // NUM_ENVS
     expected = [max(0.5, 1 - 0.5 * (k + 1) * NUM_ENVS / TOTAL) for k in range(len(steps))]
@@ -148,12 +122,9 @@ def test_the_loop_acts_with_epsilon_at_the_step_count_after_each_step(name, reco
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_returns_end_at_truncations_as_terminations_and_span_no_reset(name, recorded_run):
-    """A truncation (the time limit) ends the return as a termination (a lost life) does, as in CleanRL and the PQN
-    paper: the last rollout's Q(lambda) targets are those of their definition, computed from what the envs returned
-    (clipped rewards; an episode ends where a life is lost or the time limit cuts the game) and the script's max-Q
-    values, every episode end cutting the return; at a step that ends an episode, truncated or not, the target is the
-    reward alone, with nothing bootstrapped from the episode's last frame, and no target up to an end depends on what
-    comes after it. The step after each end, envpool's reset step, is masked out."""
+    """A truncation ends the return as a lost life does (CleanRL, the PQN paper): the last rollout's targets are their
+    definition's from what the envs returned, the reward alone at an end, none depending on what follows an end; the
+    reset steps are masked out."""
     run_globals, steps = recorded_run(name)
     ended = np.stack([step["life_lost"] | step["truncated"] for step in steps])
     truncated = np.stack([step["truncated"] & ~step["life_lost"] for step in steps])[-NUM_STEPS:]
@@ -172,9 +143,7 @@ def test_returns_end_at_truncations_as_terminations_and_span_no_reset(name, reco
     torch.testing.assert_close(returns, expected, rtol=RTOL, atol=ATOL)
     ends = truncated | life_lost  # the steps that ended an episode, in the last rollout
     torch.testing.assert_close(returns[torch.as_tensor(ends)], torch.as_tensor(rewards[ends]), rtol=RTOL, atol=ATOL)
-    # No target reaches across a reset: junk in everything after an end (the rewards from the reset step on, the max-Q
-    # of the episode's last frame and of later ones, the bootstrap past the rollout) leaves every target up to that end
-    # as the run computed it.
+    # Junk after an end (rewards, max-Q from the episode's last frame on, the bootstrap) leaves the targets up to it.
     compute, junk = load_script(name).compute_q_lambda_returns, torch.Generator().manual_seed(0)
     rollout = dict(rewards=torch.as_tensor(rewards), values=values, dones=torch.as_tensor(dones),
                    next_value=next_value, next_done=torch.as_tensor(ended[-1], dtype=torch.float32))  # fmt: skip

@@ -1,11 +1,5 @@
-"""What building a twin changes in the Python process: a user may import a twin, build it and then run code of their
-own (compile it, catch its warnings) in the same process.
-
-Built without --compile on a CPU, no twin changes a process-wide setting. Built with --compile, a twin makes the
-settings twin_utils.set_compile_settings states (and docs/running.md lists), and only those: dynamo's
-trace_autograd_ops, and a warnings filter for tensordict's lock warning. PQN Atari's twin compiles only its Q(lambda)
-returns on a CPU, which need neither: it changes nothing there.
-"""
+"""Building a twin changes no process-wide setting but, with --compile, those twin_utils.set_compile_settings states:
+dynamo's trace_autograd_ops and a filter for tensordict's lock warning (none for PQN Atari's twin on a CPU)."""
 
 import warnings
 

@@ -1,11 +1,7 @@
-"""benchmarks/rpc_agent_observer.py: small RPC worlds (an agent, one or two observers) beside the in-process batch,
-their JSON's figures and the table; bad arguments refused in one line; an interrupted run keeps the worlds done; and
-no worker left running after a run, Ctrl-C, or the launcher killed.
+"""benchmarks/rpc_agent_observer.py: small RPC worlds beside the in-process batch, their figures and table; bad
+arguments; an interrupted run; no process of a run (each carries its run's marker in its environment) left after it."""
 
-Every run gets a marker in its environment, which each process it starts inherits (the forkserver, its workers,
-multiprocessing's resource tracker): after the run no process on the machine may still carry it.
-"""
-
+import contextlib
 import importlib.util
 import json
 import os
@@ -36,15 +32,12 @@ def free_port():
 
 
 def processes_carrying(marker):
-    """The pids of this machine's processes whose environment holds MARKER=marker."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                environ = (entry / "environ").read_bytes()
-            except OSError:  # gone, or not ours to read
-                continue
-            found += [int(entry.name)] * (f"{MARKER}={marker}".encode() in environ.split(b"\0"))
+    """The pids of this machine's processes (but this one) whose environment holds MARKER=marker."""
+    found, variable = [], f"{MARKER}={marker}".encode()
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):  # gone, or not ours to read
+            if int(entry.name) != os.getpid() and variable in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
     return found
 
 
@@ -134,7 +127,6 @@ BAD = {
 
 @pytest.mark.parametrize("case", BAD)
 def test_bad_arguments_exit_2_in_one_line(case, tmp_path, monkeypatch, capsys):
-    """In this process (a subprocess costs seconds of imports)."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -150,8 +142,8 @@ def test_bad_arguments_exit_2_in_one_line(case, tmp_path, monkeypatch, capsys):
 
 
 def test_an_interrupted_run_keeps_the_worlds_done(tmp_path, monkeypatch, capsys):
-    """SIGTERM during the second world: exit 143, one line, the first world in the JSON. In this process, its worlds
-    stood in for: the first one's figures are those of the in-process run, the second one is stopped."""
+    """SIGTERM during the second world: exit 143, one line, the first world in the JSON (in this process, the worlds
+    stood in for)."""
     done = []
 
     def world(config, port, timeout_s):
@@ -168,21 +160,17 @@ def test_an_interrupted_run_keeps_the_worlds_done(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(sys, "argv", [str(TOOL), "--world-size", "3,4", *SMALL, *port, "--out", str(tmp_path)])
     with pytest.raises(SystemExit) as exit_:
         tool.main()
-    assert (
-        exit_.value.code == 143
-        and capsys.readouterr().err == "rpc_agent_observer.py: interrupted by SIGTERM, 1 world(s) done\n"
-    )
+    err = capsys.readouterr().err
+    assert exit_.value.code == 143 and err == "rpc_agent_observer.py: interrupted by SIGTERM, 1 world(s) done\n", err
     (row,) = json.loads((tmp_path / "rpc_agent_observer.json").read_text())["rows"]
     assert row["config"] == json.loads(json.dumps(done[0])) and row["rpc"]["env_steps"] == 2 * 5
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "launcher-killed"])
 def test_no_worker_outlives_ctrl_c_or_the_launcher_killed(tmp_path, signum):
-    """A world of a million steps over TCP. Ctrl-C (SIGINT to the whole group) ends the tool with 130 and one line;
-    SIGKILL to the launcher alone leaves it a zombie (not reaped until its pipes close), whose workers see it is gone
-    and exit, then the forkserver and resource tracker. Either way no process of the run is left. Before Ctrl-C, the
-    world runs past --rpc-timeout, which bounds each step's RPC and not the episode, nor the agent's and observers' wait
-    in shutdown for the coordinator's last episode."""
+    """A world of a million steps over TCP. Ctrl-C (SIGINT to the group) ends the tool with 130 and one line; SIGKILL
+    to the launcher alone: its workers see it is gone and exit. Before Ctrl-C the world runs past --rpc-timeout, which
+    bounds each step's RPC, not the episode."""
     flags = ("--world-size", "3", "--episodes", "1", "--episode-steps", "1000000", "--rpc-timeout", "3", "--transport",
              "tcp")  # fmt: skip
     process, marker = start_tool(tmp_path, *flags)

@@ -1,6 +1,5 @@
-"""Tests of the SAC and TD3 pairs, off-policy actor-critics with a Q ensemble of two: leanrl/sac_continuous_action.py
-and leanrl/td3_continuous_action.py (plain) and their twins (_torchcompile.py), each test over both algorithms but
-the one of TD3's exploration noise."""
+"""Tests of the SAC and TD3 pairs (leanrl/sac_continuous_action.py, td3_continuous_action.py and their twins),
+off-policy actor-critics with a Q ensemble of two; each test over both algorithms but that of TD3's noise."""
 
 import math
 
@@ -39,9 +38,8 @@ HIGH = np.array([2.0, 1.0, 0.5, 1.0, 0.5, 3.0], dtype=np.float32)
 
 
 def build(module, device="cpu", seed=0, **arg_overrides):
-    """An agent of any of the four scripts on `device`; its Args as `.args`, its networks as attributes
-    (helpers.expose), and as `.targets` the names of its target networks' parameters (the twin's; the plain agent's
-    are not exposed)."""
+    """An agent of any of the four scripts on `device`: its Args as `.args`, its networks as attributes
+    (helpers.expose), `.targets` the names of its exposed target networks' parameters (the twin's alone)."""
     torch.manual_seed(seed)
     args = module.Args(**arg_overrides)
     sac = hasattr(args, "autotune")
@@ -87,19 +85,12 @@ def snapshot(agent):
 
 # --- 1. Learning ----------------------------------------------------------------------------------------------
 #
-# The plain script learns in one run on one env; the twin with --compile on 4 envs with 4 gradient steps an iteration
-# (as many updates as one env makes), saved at half its budget and resumed in a new run. The mean of 10 consecutive
-# episodes (of the resumed half, for the twin) must pass -300 within the budget; each run stops at the episode that
-# brings them there. Seeds 1 and 2 both pass (2-core AMD EPYC VM, 1 thread). Batches smaller than the default 256 cost
-# less matrix work; the returns at 256 are the learning curves' business (docs/curves/sac.md, td3.md).
-# SAC, batches of 64: the plain script's mean of 10 crosses -300 at episode 25 for both seeds (24 at batch 256) of its
-# budget of 30; the resumed twin at the 10th episode after the resume for both (the earliest it can). At batch 256 its
-# returns stay there: -195 to -132 over episodes 26 to 40.
-# TD3, batches of 128 (at 64, seed 2 only just crossed, at episode 47): the plain script's mean of 10 first passes -300
-# at episode 38 for both seeds (as at 256) of its budget of 65; the resumed twin at the 10th and 17th episodes after the
-# resume of its 36. TD3 dips for a while after it first solves the task (at batch 256, seed 2 to -452 at episode 51),
-# and the resumed half is another draw of its learning (a new episode on a new env seed): 10 consecutive episodes
-# above the threshold, anywhere in that half.
+# The plain script on one env; the twin with --compile on 4 envs with 4 gradient steps an iteration (as many updates
+# as one env makes), saved at half its budget and resumed. The mean of 10 consecutive episodes (of the resumed half,
+# for the twin) must pass -300 within the budget (batches under the default 256 cost less; 256: docs/curves/).
+# Seeds 1 and 2 pass (2-core AMD EPYC VM, 1 thread): SAC (batch 64) at episode 25 of 30, the resumed twin at the 10th
+# after the resume; TD3 (batch 128; seed 2 only just crossed at 64) at episode 38 of 65, the resumed twin at the 10th
+# and 17th of 36 (TD3 dips after first solving the task: the 10 episodes may lie anywhere in the resumed half).
 LEARNING = {"sac": (64, {False: 6000, True: 8000}), "td3": (128, {False: 13000, True: 15000})}  # batch, steps
 LEARNING_THRESHOLD = -300.0  # random policy: about -1200 on Pendulum-v1; a solved one: about -150
 
@@ -142,12 +133,9 @@ def test_td3_policy_adds_scaled_noise_and_stays_in_bounds(name):
 
 
 def check_round(reference, others, batch, seed, checks, what, grads=True):
-    """One critic update, one actor update and one target update of agents from the same parameters, each seeded alike
-    (SAC's actions, TD3's target smoothing): each of the others (twins) compared with the reference (the plain agent,
-    or a twin) and re-synced to it; checks[i]: the {group: SameUpdates} of others[i], kept across rounds. The targets
-    of the other twins are compared with the first twin's (the plain agent's are not exposed; they enter the next
-    round's critic loss). grads=False: the others' gradients cannot be read (the call that records their CUDA graphs,
-    see SameUpdates)."""
+    """A critic, an actor and a target update of agents from the same parameters, seeded alike: each of the others
+    (twins) compared with the reference and re-synced to it (checks[i]: others[i]'s {group: SameUpdates}); the twins'
+    targets with the first twin's (the plain agent's enter the next critic loss). grads: as in SameUpdates."""
     q_lr, actor_lr = learning_rates(reference)
     phases = (("update_critic", q_params, q_lr, "Q update"), ("update_actor", actor_params, actor_lr, "actor update"))
     losses = {}
@@ -183,8 +171,7 @@ def test_twin_eager_and_compiled_updates_and_policy_match_plain(algo, device, in
     plain = build(load_script(PLAIN[algo]), device, **noise)
     twins = build(module, device, **noise), build(module, device, compile=True, **noise)
 
-    def plain_qnet():
-        """The plain agent's two Q networks, stacked like the twin's ensemble (a copy)."""
+    def plain_qnet():  # stacked like the twin's ensemble (a copy)
         return torch.stack([TensorDict.from_module(plain.qf1).data, TensorDict.from_module(plain.qf2).data]).clone()
 
     start = plain_qnet()
@@ -322,5 +309,4 @@ def test_twin_built_again_computes_with_its_own_hyperparameters(algo, inductor_f
     check_a_second_build_computes_with_its_own_hyperparameters(TWIN[algo], compiled_calls)
 
 
-# Flags, --help, bad input, determinism, the results line, flag combinations, checkpoints, video and signals:
-# test_scripts.py (resuming with several envs: test_num_envs.py).
+# Flags, bad input, determinism, results, checkpoints, video, signals: test_scripts.py; resuming: test_num_envs.py.

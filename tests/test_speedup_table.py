@@ -1,7 +1,5 @@
-"""benchmarks/speedup_table.py on hand-made results whose medians and ratios are known, and run.sh end to end on fake
-scripts: its bad options, its report of failed runs and its --bf16 runs. The real scripts' runs of run.sh's tiny budget
-are test_scripts.py's: every pair, each CPU variant of its twin, and its results line, which holds what the table reads.
-"""
+"""benchmarks/speedup_table.py on hand-made results of known medians, and run.sh end to end on fake scripts (the real
+scripts' runs of run.sh's tiny budget are test_scripts.py's)."""
 
 import itertools
 import json
@@ -121,8 +119,7 @@ def test_tables_have_the_known_medians_ranges_speedups_and_notes(tmp_path):
 
 def test_defaults_bf16_variant_and_repeated_runs(tmp_path):
     """Without --out, the files go beside the results; without machine.json, this machine is described. A --bf16 run
-    is a variant of its own; two runs of a variant and seed (a --cudagraphs run without CUDA records cudagraphs off)
-    are both counted, and a note says so."""
+    is a variant of its own; two runs of a variant and seed are both counted, and a note says so."""
     bf16 = dict(result("pqn_atari_envpool", "pqn_atari", "Breakout-v5", "twin+compile", 1, 600.0), bf16=True)
     repeats = [result("sac_continuous_action", "sac", "Pendulum-v1", "twin", 1, sps) for sps in (10.0, 30.0)]
     rows = [*HAND_MADE[:3], result("pqn_atari_envpool", "pqn_atari", "Breakout-v5", "plain", 1, 300.0), bf16, *repeats]
@@ -159,7 +156,7 @@ def test_bad_results_file_exits_2_with_one_line(tmp_path, case):
     assert not (tmp_path / "speedup.md").exists()
 
 
-# --- run.sh: options, failures (on fake scripts), every pair's tiny budget, and a --tiny run of two pairs -----------
+# --- run.sh: options, and failures and --bf16 runs on fake scripts ----------------------------------------------
 
 
 def run_sh(*args, env=None, script=RUN_SH, timeout=900):
@@ -205,14 +202,12 @@ with open(argv[argv.index("--results-path") + 1], "a") as f:
 
 @pytest.fixture
 def fake_repo(tmp_path):
-    """A copy of run.sh and the table tool beside a leanrl/ of fake pairs: td3 works; sac's twin fails with --compile;
-    a new pair has no budget in run.sh; a twin without its plain script and a plain script alone are no pairs."""
+    """run.sh and the table tool beside fake pairs: td3 works; sac's twin fails with --compile; a new pair has no
+    budget in run.sh; a twin without its plain script and a plain script alone are no pairs."""
     repo = tmp_path / "repo"
-    (repo / "benchmarks").mkdir(parents=True)
+    shutil.copytree(TOOL.parent, repo / "benchmarks", ignore=shutil.ignore_patterns("__pycache__"))
     (repo / "leanrl").mkdir()
     shutil.copy2(RUN_SH, repo / "run.sh")
-    for tool in ("speedup_table.py", "common.py"):
-        shutil.copy2(TOOL.parent / tool, repo / "benchmarks" / tool)
     fakes = {"td3_continuous_action": ("td3", "False"), "td3_continuous_action_torchcompile": ("td3", "False"),
              "sac_continuous_action": ("sac", "False"), "sac_continuous_action_torchcompile": ("sac", "compile_"),
              "new_algo": ("new", "False"), "new_algo_torchcompile": ("new", "False"),
@@ -226,8 +221,8 @@ def fake_repo(tmp_path):
 
 
 def test_run_sh_reports_failed_runs_runs_bf16_where_fast_and_makes_the_table(fake_repo):
-    """td3's fake twin declares a --bf16 switch, as the Atari twins do: on a machine where bf16 is fast, its compiled
-    variant runs once more with it. Then --scripts on a machine where bf16 is not fast, and a used --out refused."""
+    """td3's fake twin declares a --bf16 switch: where bf16 is fast, its compiled variant runs once more with it. Then
+    --scripts where bf16 is not fast, and a used --out refused."""
     twin = fake_repo / "leanrl" / "td3_continuous_action_torchcompile.py"
     twin.write_text(twin.read_text() + "\n\nclass Args:\n    bf16: bool = False\n")
     out = fake_repo / "runs" / "fake"
@@ -279,8 +274,8 @@ def test_run_sh_reports_failed_runs_runs_bf16_where_fast_and_makes_the_table(fak
 
 
 def test_run_sh_runs_the_pairs_test_scripts_runs_and_the_table_reads_their_results(monkeypatch):
-    """run.sh's pairs are those whose tiny runs test_scripts.py makes (each on run.sh's tiny budget, its results line
-    checked for RESULT_FIELDS): with the fakes above, they stand for run.sh --tiny on the real scripts."""
+    """run.sh's pairs are those test_scripts.py runs on run.sh's tiny budget, checking RESULT_FIELDS: with the fakes
+    above, they stand for run.sh --tiny on the real scripts."""
     monkeypatch.syspath_prepend(str(TOOL.parent))
     from common import FIELDS
     from test_scripts import PAIRS
