@@ -349,8 +349,8 @@ class Run:
         self.pbar.close()
         self.update_sps(global_step)
         end = time.perf_counter()
-        written = self.saved == (self.model_path, global_step) or "checkpoint" in self.failed_writes
-        if self.args.save_model and not written:
+        saved_or_failed = self.saved == (self.model_path, global_step) or "checkpoint" in self.failed_writes
+        if self.args.save_model and not saved_or_failed:
             save_checkpoint()
         evaluates = self.args.save_model and self.args.eval_episodes and self.rank == 0
         eval_return = self.evaluate(make_policy) if evaluates and not self.stopping else None

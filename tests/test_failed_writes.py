@@ -195,7 +195,7 @@ def test_episode_record_holds_the_runs_episodes_and_a_resume_keeps_those_up_to_i
     after = [json.loads(line) for line in record.read_text().splitlines()]
     assert after[: len(before)] == before and len(after) > len(before)
     assert all(step > 200 and seconds > mid["run_seconds"] for step, _, seconds in after[len(before) :])
-    fail_writes(monkeypatch, "episodes.jsonl", nth_file=3)  # an episode a write
+    fail_writes(monkeypatch, "episodes.jsonl", nth_file=3)  # the third episode: each opens the file
     failed = run_script_in_process("dqn", *flags, "--model-path", tmp_path / "new.pt")
     step = load_checkpoint(tmp_path / "new.pt")["global_step"]
     check_one_line_and_status(failed, "episode record", record, "No space left on device", tmp_path / "new.pt", step)
